@@ -1,0 +1,39 @@
+"""Plumbing (hand-written): `run`, the one entry point to every engine."""
+from __future__ import annotations
+
+import numbers
+
+from dsml.comm.api import Comm, RunResult, start_rank
+from dsml.comm.sim_engine import simulate
+
+ENGINES = ("sim", "processes")
+
+
+def run(program, world_size: int, engine: str = "sim", network=None, args=(), kwargs=None,
+        trace: bool = True, timeout: float = 120.0) -> RunResult:
+    """Run `program(comm, *args, **kwargs)` on `world_size` ranks and return a RunResult.
+
+    engine "sim": the discrete-event simulator over `network` (e.g. dsml.net.AlphaBeta);
+    `time` is simulated seconds. engine "processes": one OS process per rank; `time` is
+    measured seconds from a common start (after all workers are up) to the last finish,
+    and `timeout` (s) bounds the run. `trace=False` skips recording (large runs).
+    """
+    if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool) \
+            or world_size < 1:
+        raise ValueError(f"world_size must be an integer ≥ 1, got {world_size!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    if not callable(program):
+        raise TypeError(f"program must be a generator function, got {type(program).__name__}")
+    # Fail fast, in the caller, when the program is not a generator function.
+    start_rank(program, Comm(0, world_size), args, kwargs).close()
+    if engine == "sim":
+        if network is None:
+            raise ValueError("engine='sim' needs a network model, e.g. "
+                             "network=dsml.net.AlphaBeta(alpha=5e-6, beta=1e-9)")
+        return simulate(program, world_size, network, args, kwargs, trace)
+    if network is not None:
+        raise ValueError(f"engine={engine!r} measures a real network; network= is only "
+                         f"for engine='sim'")
+    from dsml.comm.processes import run_processes
+    return run_processes(program, world_size, args, kwargs, trace, timeout)

@@ -1,0 +1,171 @@
+"""Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.comm.api import Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
+from dsml.sim import DeadlockError, ProcessFailed, Simulator, Trace
+
+
+# -- cell 38
+from collections import deque
+
+from dsml.utils import add_to_class
+
+
+class SimEngine:
+    """Runs rank programs on the discrete-event simulator over a network model."""
+
+    def __init__(self, world_size: int, network, trace: bool = True):
+        self.world_size = world_size
+        self.sim = Simulator()
+        self.network = network
+        network.attach(self.sim, world_size)
+        self.trace = Trace() if trace else None
+        # Delivered messages nobody has asked for yet: mailbox[dst][(src, tag)] -> payloads.
+        self.mailbox = [dict() for _ in range(world_size)]
+        # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
+        self.posted = [dict() for _ in range(world_size)]
+        self.handlers = {Send: self.on_send, Recv: self.on_recv,
+                         SendRecv: self.on_sendrecv, Compute: self.on_compute}
+
+    def handle(self, process, request) -> None:
+        handler = self.handlers.get(type(request))
+        if handler is None:
+            raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
+                            f"yield comm.send(...), comm.recv(...), comm.sendrecv(...) "
+                            f"or comm.compute(...)")
+        handler(process, request)
+
+    def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
+        if self.trace is not None:
+            self.trace.add(rank, op, start, self.sim.now, src, dst, nbytes, tag)
+
+
+# -- cell 39
+@add_to_class(SimEngine)
+def deliver(self, src, dst, tag, payload) -> None:
+    """A message has fully arrived at dst: hand it to a posted receive or keep it."""
+    waiting = self.posted[dst].get((src, tag))
+    if waiting:
+        waiting.popleft()(payload)
+    else:
+        self.mailbox[dst].setdefault((src, tag), deque()).append(payload)
+
+
+@add_to_class(SimEngine)
+def receive(self, rank, src, tag, on_message) -> None:
+    """Call on_message(payload) when the next (src, tag) message is at rank."""
+    box = self.mailbox[rank].get((src, tag))
+    if box:
+        # Already here: complete now, through the event queue (no deep recursion).
+        self.sim.at(self.sim.now, on_message, box.popleft())
+    else:
+        self.posted[rank].setdefault((src, tag), deque()).append(on_message)
+
+
+@add_to_class(SimEngine)
+def start_message(self, src, dst, tag, payload, nbytes, on_sent) -> None:
+    self.network.transmit(src, dst, nbytes, on_sent,
+                          lambda _: self.deliver(src, dst, tag, payload))
+
+
+# -- cell 41
+@add_to_class(SimEngine)
+def on_send(self, process, req) -> None:
+    rank, start = process.pid, self.sim.now
+
+    def sent(_):
+        self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag)
+        process.resume(None)
+    self.start_message(rank, req.dst, req.tag, req.payload, req.nbytes, sent)
+
+
+@add_to_class(SimEngine)
+def on_recv(self, process, req) -> None:
+    rank, start = process.pid, self.sim.now
+
+    def arrived(payload):
+        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
+        process.resume(payload)
+    self.receive(rank, req.src, req.tag, arrived)
+
+
+@add_to_class(SimEngine)
+def on_sendrecv(self, process, req) -> None:
+    rank, start = process.pid, self.sim.now
+    state = {"pending": 2, "payload": None}
+
+    def part_done(payload, is_recv):
+        if is_recv:
+            state["payload"] = payload
+        state["pending"] -= 1
+        if state["pending"] == 0:
+            self.record(rank, "sendrecv", start, req.src, req.dst, req.nbytes, req.tag)
+            process.resume(state["payload"])
+    self.start_message(rank, req.dst, req.tag, req.payload, req.nbytes,
+                       lambda _: part_done(None, False))
+    self.receive(rank, req.src, req.tag, lambda payload: part_done(payload, True))
+
+
+@add_to_class(SimEngine)
+def on_compute(self, process, req) -> None:
+    rank, start = process.pid, self.sim.now
+
+    def done(_):
+        self.record(rank, "compute", start)
+        process.resume(None)
+    self.sim.after(req.seconds, done)
+
+
+# -- cell 43
+@add_to_class(SimEngine)
+def run(self, program, args=(), kwargs=None) -> RunResult:
+    for rank in range(self.world_size):
+        gen = start_rank(program, Comm(rank, self.world_size), args, kwargs)
+        self.sim.spawn(gen, self.handle, name=f"rank {rank}")
+    try:
+        self.sim.run()
+    except DeadlockError as deadlock:
+        unread = self.unreceived()
+        if unread:
+            raise DeadlockError(deadlock.waiting, "messages that arrived but were never "
+                                "received (a tag or peer mismatch?):\n  "
+                                + describe_messages(unread)) from None
+        raise
+    except ProcessFailed as failure:
+        error = failure.error
+        raise RankError(failure.process.pid,
+                        f"failed at t={self.sim.now:.9g} s: {type(error).__name__}: {error}"
+                        ) from error
+    self.check_all_received()
+    processes = self.sim.processes
+    finish = [p.finish_time for p in processes]
+    return RunResult(values=[p.value for p in processes], time=max(finish),
+                     trace=self.trace, engine="sim", world_size=self.world_size,
+                     finish_times=finish)
+
+
+@add_to_class(SimEngine)
+def unreceived(self) -> list:
+    """(src, dst, tag, count) of messages that arrived but no receive has taken."""
+    return [(src, dst, tag, len(box)) for dst, boxes in enumerate(self.mailbox)
+            for (src, tag), box in sorted(boxes.items()) if box]
+
+
+@add_to_class(SimEngine)
+def check_all_received(self) -> None:
+    """Every rank finished: a message still in a mailbox was sent but never received."""
+    left = self.unreceived()
+    if left:
+        raise RankError(left[0][1], "finished without receiving messages sent to it "
+                        "(mismatched peers or tags?):\n  " + describe_messages(left))
+
+
+def describe_messages(messages) -> str:
+    return "\n  ".join(f"rank {src} -> rank {dst} (tag {tag}): {n} message(s)"
+                       for src, dst, tag, n in messages)
+
+
+def simulate(program, world_size: int, network, args=(), kwargs=None,
+             trace: bool = True) -> RunResult:
+    """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`."""
+    return SimEngine(world_size, network, trace).run(program, args, kwargs)

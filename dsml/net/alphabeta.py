@@ -1,0 +1,52 @@
+"""Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 36
+import math
+
+
+def check_time_parameter(name: str, value: float) -> float:
+    """A latency or per-byte time: a finite number ≥ 0 (seconds or seconds per byte)."""
+    value = float(value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
+    return value
+
+
+class AlphaBeta:
+    """The Hockney α–β model, single-port and full-duplex.
+
+    An n-byte message occupies the sender's out-port and the receiver's in-port together
+    for α + nβ seconds (α in s, β in s/byte). A rank sends one message and receives one
+    message at a time; messages wait for both ports, first come first served (ties in the
+    order they were issued). `gamma` (s/byte) is the reduction cost that collectives charge.
+    """
+
+    def __init__(self, alpha: float, beta: float, gamma: float = 0.0):
+        self.alpha = check_time_parameter("alpha", alpha)
+        self.beta = check_time_parameter("beta", beta)
+        self.gamma = check_time_parameter("gamma", gamma)
+
+    def __repr__(self):
+        return f"AlphaBeta(alpha={self.alpha:g}, beta={self.beta:g}, gamma={self.gamma:g})"
+
+    def message_time(self, nbytes: int) -> float:
+        """α + nβ: the model's time for one uncontended message (the formula, for plots)."""
+        return self.alpha + nbytes * self.beta
+
+    def attach(self, sim, world_size: int) -> None:
+        """Start a run: every port free at time 0."""
+        self.sim = sim
+        self.out_free = [0.0] * world_size
+        self.in_free = [0.0] * world_size
+
+    def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered) -> None:
+        """Carry one message; call on_sent() when it has left src and on_delivered() when it
+        has fully arrived at dst (here the same instant)."""
+        sim = self.sim
+        start = max(sim.now, self.out_free[src], self.in_free[dst])
+        end = start + self.alpha + nbytes * self.beta
+        self.out_free[src] = end
+        self.in_free[dst] = end
+        sim.at(end, on_delivered)
+        sim.at(end, on_sent)

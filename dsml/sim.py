@@ -1,0 +1,204 @@
+"""Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 12
+import heapq
+import itertools
+import json
+from typing import Any, Callable, NamedTuple
+
+from dsml.utils import add_to_class
+
+
+class SimulationError(RuntimeError):
+    """Base class of the errors the simulator raises."""
+
+
+class DeadlockError(SimulationError):
+    """No event is left, yet some processes still wait: nothing can ever wake them."""
+
+    def __init__(self, waiting: list, note: str = ""):
+        self.waiting = waiting
+        lines = [f"{p.name} {describe_wait(p.waiting_for)}" for p in waiting]
+        message = (f"deadlock at t={waiting[0].sim.now:.9g} s: no event left, but "
+                   f"{len(waiting)} process(es) still wait:\n  " + "\n  ".join(lines))
+        super().__init__(message + ("\n" + note if note else ""))
+
+
+class ProcessFailed(SimulationError):
+    """A process raised; the original exception is chained as __cause__."""
+
+    def __init__(self, process: "Process", error: BaseException):
+        self.process = process
+        self.error = error
+        super().__init__(f"{process.name} raised {type(error).__name__}: {error}")
+
+
+def describe_wait(request: Any) -> str:
+    """What a process waits for, in words (requests may define describe())."""
+    describe = getattr(request, "describe", None)
+    return describe() if describe else f"waits on {request!r}"
+
+
+# -- cell 14
+class Process:
+    """A generator driven by the simulator.
+
+    Each value the generator yields is handed to `handler(process, value)`, which
+    decides when (in simulated time) to resume the generator and with what.
+    """
+
+    __slots__ = ("sim", "pid", "name", "gen", "handler", "done", "value",
+                 "finish_time", "waiting_for")
+
+    def __init__(self, sim: "Simulator", pid: int, name: str, gen, handler: Callable):
+        self.sim = sim
+        self.pid = pid
+        self.name = name
+        self.gen = gen
+        self.handler = handler
+        self.done = False
+        self.value = None
+        self.finish_time = None
+        self.waiting_for = None
+
+    def resume(self, value: Any = None) -> None:
+        """Send `value` into the generator and hand its next request to the handler."""
+        try:
+            request = self.gen.send(value)
+        except StopIteration as stop:
+            self.done = True
+            self.value = stop.value
+            self.finish_time = self.sim.now
+            self.waiting_for = None
+            return
+        except Exception as error:
+            raise ProcessFailed(self, error) from error
+        self.waiting_for = request
+        self.handler(self, request)
+
+
+# -- cell 16
+class Simulator:
+    """A discrete-event loop: a clock and a heap of (time, sequence, callback, argument).
+
+    The sequence number breaks ties between events at the same time in the order they
+    were scheduled, so a run with the same inputs always unfolds the same way.
+    """
+
+    def __init__(self):
+        self.now = 0.0
+        self.processes: list[Process] = []
+        self._heap: list = []
+        self._sequence = itertools.count()
+        self.events_processed = 0
+
+    def at(self, time: float, callback: Callable, argument: Any = None) -> None:
+        """Run `callback(argument)` at simulated `time` (seconds, not before now)."""
+        if time < self.now:
+            raise ValueError(f"cannot schedule in the past: time={time} < now={self.now}")
+        heapq.heappush(self._heap, (time, next(self._sequence), callback, argument))
+
+    def after(self, delay: float, callback: Callable, argument: Any = None) -> None:
+        """Run `callback(argument)` `delay` seconds from now."""
+        self.at(self.now + delay, callback, argument)
+
+    def spawn(self, gen, handler: Callable, name: str | None = None) -> Process:
+        """Start a generator as a process at the current time."""
+        pid = len(self.processes)
+        process = Process(self, pid, name or f"process {pid}", gen, handler)
+        self.processes.append(process)
+        self.at(self.now, process.resume, None)
+        return process
+
+
+# -- cell 18
+@add_to_class(Simulator)
+def run(self) -> float:
+    """Process events until none is left; return the final time.
+
+    Raises DeadlockError if processes still wait when the heap is empty.
+    """
+    heap = self._heap
+    pop = heapq.heappop
+    count = 0
+    while heap:
+        time, _, callback, argument = pop(heap)
+        self.now = time
+        callback(argument)
+        count += 1
+    self.events_processed += count
+    waiting = [p for p in self.processes if not p.done]
+    if waiting:
+        raise DeadlockError(waiting)
+    return self.now
+
+
+# -- cell 24
+class TraceRecord(NamedTuple):
+    """One thing a rank did: `op` from `start` to `end` (seconds).
+
+    `src`/`dst` are the ranks a message came from / went to (-1 if none), `nbytes`
+    its size, `tag` its tag.
+    """
+    rank: int
+    op: str
+    start: float
+    end: float
+    src: int = -1
+    dst: int = -1
+    nbytes: int = 0
+    tag: int = 0
+
+
+class Trace:
+    """The records of a run, in the order they completed."""
+
+    def __init__(self, records=None):
+        self.records: list[TraceRecord] = list(records or [])
+
+    def add(self, rank, op, start, end, src=-1, dst=-1, nbytes=0, tag=0) -> None:
+        self.records.append(TraceRecord(rank, op, start, end, src, dst, nbytes, tag))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __getitem__(self, index):
+        return self.records[index]
+
+    def of_rank(self, rank: int) -> list[TraceRecord]:
+        return [r for r in self.records if r.rank == rank]
+
+    def ranks(self) -> list[int]:
+        return sorted({r.rank for r in self.records})
+
+
+# -- cell 25
+@add_to_class(Trace)
+def to_chrome(self, path=None) -> dict:
+    """Chrome trace-event JSON (Perfetto, chrome://tracing): one track per rank.
+
+    Times are in microseconds, as the format requires. Written to `path` if given;
+    the output is deterministic (sorted events and keys).
+    """
+    events = []
+    for rank in self.ranks():
+        events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank,
+                       "args": {"name": f"rank {rank}"}})
+    for r in sorted(self.records, key=lambda r: (r.rank, r.start, r.end)):
+        args = {"nbytes": r.nbytes, "tag": r.tag}
+        if r.src >= 0:
+            args["src"] = r.src
+        if r.dst >= 0:
+            args["dst"] = r.dst
+        events.append({"ph": "X", "name": r.op, "cat": r.op, "pid": 0, "tid": r.rank,
+                       "ts": r.start * 1e6, "dur": (r.end - r.start) * 1e6, "args": args})
+    document = {"traceEvents": events, "displayTimeUnit": "ns"}
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(document, f, sort_keys=True, separators=(",", ":"))
+            f.write("\n")
+    return document
