@@ -95,8 +95,8 @@ class Simulator:
 
     def at(self, time: float, callback: Callable, argument: Any = None) -> None:
         """Run `callback(argument)` at simulated `time` (seconds, not before now)."""
-        if time < self.now:
-            raise ValueError(f"cannot schedule in the past: time={time} < now={self.now}")
+        if not time >= self.now:            # also refuses NaN, which would corrupt the heap
+            raise ValueError(f"cannot schedule in the past (or at NaN): time={time}, now={self.now}")
         heapq.heappush(self._heap, (time, next(self._sequence), callback, argument))
 
     def after(self, delay: float, callback: Callable, argument: Any = None) -> None:
@@ -114,20 +114,28 @@ class Simulator:
 
 # -- cell 18
 @add_to_class(Simulator)
-def run(self) -> float:
+def run(self, max_events: int | None = None) -> float:
     """Process events until none is left; return the final time.
 
-    Raises DeadlockError if processes still wait when the heap is empty.
+    Raises DeadlockError if processes still wait when the heap is empty, and
+    SimulationError after `max_events` events (a guard against programs that never end).
     """
     heap = self._heap
     pop = heapq.heappop
+    limit = -1 if max_events is None else max_events
     count = 0
-    while heap:
-        time, _, callback, argument = pop(heap)
-        self.now = time
-        callback(argument)
-        count += 1
-    self.events_processed += count
+    try:
+        while heap:
+            if count == limit:
+                raise SimulationError(
+                    f"stopped after max_events={max_events} events at t={self.now:.9g} s; a "
+                    f"process that never ends? Raise max_events to let it run longer")
+            time, _, callback, argument = pop(heap)
+            self.now = time
+            callback(argument)
+            count += 1
+    finally:
+        self.events_processed += count
     waiting = [p for p in self.processes if not p.done]
     if waiting:
         raise DeadlockError(waiting)
@@ -152,16 +160,27 @@ class TraceRecord(NamedTuple):
 
 
 class Trace:
-    """The records of a run, in the order they completed."""
+    """The records of a run, in the order they completed.
+
+    Engines append plain tuples to `rows` (building a NamedTuple per record costs a
+    quarter of a large simulation); `records` turns them into TraceRecords on demand.
+    """
 
     def __init__(self, records=None):
-        self.records: list[TraceRecord] = list(records or [])
+        self.rows: list[tuple] = [tuple(r) for r in (records or [])]
+        self._records: list[TraceRecord] = []
 
     def add(self, rank, op, start, end, src=-1, dst=-1, nbytes=0, tag=0) -> None:
-        self.records.append(TraceRecord(rank, op, start, end, src, dst, nbytes, tag))
+        self.rows.append((rank, op, start, end, src, dst, nbytes, tag))
+
+    @property
+    def records(self) -> list[TraceRecord]:
+        if len(self._records) != len(self.rows):
+            self._records = [TraceRecord._make(row) for row in self.rows]
+        return self._records
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.rows)
 
     def __iter__(self):
         return iter(self.records)

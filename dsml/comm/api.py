@@ -44,6 +44,9 @@ _PAYLOAD_RULE = ("a payload must be a NumPy array, a SizeOnly placeholder, or a 
 
 def payload_nbytes(payload: Any) -> int:
     """Bytes a payload occupies on the wire (see STRUCT_HEADER_BYTES)."""
+    kind = type(payload)
+    if kind is np.ndarray or kind is SizeOnly:      # the common case, checked cheaply first
+        return payload.nbytes
     if isinstance(payload, (np.ndarray, SizeOnly)):
         return payload.nbytes
     return STRUCT_HEADER_BYTES + _struct_nbytes(payload)
@@ -66,6 +69,8 @@ def _struct_nbytes(payload: Any) -> int:
 def snapshot(payload: Any) -> Any:
     """A copy of the payload as it is now, so that later changes to the sender's
     arrays do not change what was sent (the semantics of a buffered send)."""
+    if type(payload) is SizeOnly:
+        return payload
     if isinstance(payload, np.ndarray):
         return payload.copy()
     if isinstance(payload, tuple):
@@ -145,7 +150,11 @@ class Comm:
         self.size = size
 
     def _peer(self, peer, role: str) -> int:
-        if not isinstance(peer, numbers.Integral) or not 0 <= peer < self.size:
+        # Fast path first: this runs for every request, millions of times in large simulations.
+        if type(peer) is int and 0 <= peer < self.size and peer != self.rank:
+            return peer
+        if isinstance(peer, bool) or not isinstance(peer, numbers.Integral) \
+                or not 0 <= peer < self.size:
             raise ValueError(f"rank {self.rank}: {role} must be a rank in 0..{self.size - 1}, "
                              f"got {peer!r}")
         if peer == self.rank:
@@ -154,7 +163,9 @@ class Comm:
         return int(peer)
 
     def _tag(self, tag) -> int:
-        if not isinstance(tag, numbers.Integral) or tag < 0:
+        if type(tag) is int and tag >= 0:
+            return tag
+        if isinstance(tag, bool) or not isinstance(tag, numbers.Integral) or tag < 0:
             raise ValueError(f"rank {self.rank}: tag must be an integer ≥ 0, got {tag!r}")
         return int(tag)
 

@@ -25,7 +25,8 @@ import time
 import traceback
 from multiprocessing.connection import wait
 
-from dsml.comm.api import Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, start_rank
+from dsml.comm.api import (Comm, Compute, RankError, Recv, RunResult, Send, SendRecv,
+                           payload_nbytes, start_rank)
 from dsml.sim import Trace
 
 # Per-rank status in shared memory: what the rank is doing, for timeout reports.
@@ -54,6 +55,9 @@ class _Transport:
         self.status = status
         self.deadline = deadline
         self.early = {}   # (src, tag) -> list of payloads, in arrival order
+        size = len(inboxes)
+        self.sent = [0] * size       # user messages sent to each peer
+        self.received = [0] * size   # user messages taken by a receive from each peer
 
     def connect(self):
         """Say hello to every peer and hear from every peer, before the clock starts.
@@ -67,6 +71,8 @@ class _Transport:
         for peer in range(size):
             if peer != self.rank:
                 self.recv(peer, _HELLO)
+        self.sent = [0] * size       # the hellos do not count
+        self.received = [0] * size
 
     def set_status(self, state, peer=-1, tag=-1):
         base = self.rank * _STATUS_FIELDS
@@ -74,8 +80,10 @@ class _Transport:
 
     def send(self, dst, tag, payload):
         self.inboxes[dst].put((self.rank, tag, payload))
+        self.sent[dst] += 1
 
     def recv(self, src, tag):
+        self.received[src] += 1
         key = (src, tag)
         stash = self.early.get(key)
         if stash:
@@ -111,7 +119,8 @@ def _child_main(rank, size, program, args, kwargs, inboxes, status, barrier, res
             except StopIteration as stop:
                 t_end = time.perf_counter()
                 transport.set_status(_DONE)
-                result_conn.send(("ok", stop.value, t0, t_end, records))
+                result_conn.send(("ok", stop.value, t0, t_end, records,
+                                  transport.sent, transport.received))
                 break
             start = time.perf_counter()
             kind = type(request)
@@ -132,8 +141,9 @@ def _child_main(rank, size, program, args, kwargs, inboxes, status, barrier, res
                                 f"comm.send(...), comm.recv(...), comm.sendrecv(...) or "
                                 f"comm.compute(...)")
             if records is not None:
-                records.append((rank, op, start, time.perf_counter(), src, dst,
-                                getattr(request, "nbytes", 0), getattr(request, "tag", 0)))
+                nbytes = payload_nbytes(value) if kind is Recv else getattr(request, "nbytes", 0)
+                records.append((rank, op, start, time.perf_counter(), src, dst, nbytes,
+                                getattr(request, "tag", 0)))
     except BaseException as error:   # report everything, including KeyboardInterrupt
         result_conn.send(("error", f"{type(error).__name__}: {error}",
                           traceback.format_exc()))
@@ -188,6 +198,7 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
         for inbox in inboxes:
             inbox.close()
             inbox.cancel_join_thread()
+    _check_all_received(results)
     starts = [r[2] for r in results]
     ends = [r[3] for r in results]
     t0 = min(starts)
@@ -197,7 +208,7 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
         for r in results:
             for rank, op, start, end, src, dst, nbytes, tag in r[4]:
                 records.add(rank, op, start - t0, end - t0, src, dst, nbytes, tag)
-        records.records.sort(key=lambda rec: (rec.end, rec.rank))
+        records.rows.sort(key=lambda row: (row[3], row[0]))   # by end time, then rank
     return RunResult(values=[r[1] for r in results], time=max(ends) - t0, trace=records,
                      engine="processes", world_size=world_size,
                      finish_times=[end - t0 for end in ends])
@@ -222,9 +233,11 @@ def _collect(children, result_conns, status, deadline, timeout):
             rank = objects[ready]
             if rank not in pending:
                 continue
-            if ready is children[rank].sentinel and not result_conns[rank].poll():
+            message = _read_result(result_conns[rank])
+            if message is None:
+                if children[rank].is_alive():
+                    continue        # woken without a result from a live child: wait again
                 _raise_child_error(rank, children, result_conns)
-            message = result_conns[rank].recv()
             if message[0] == "error":
                 raise RankError(rank, f"failed: {message[1]}\n--- traceback of rank {rank} ---\n"
                                 f"{message[2]}")
@@ -233,14 +246,32 @@ def _collect(children, result_conns, status, deadline, timeout):
     return results
 
 
+def _read_result(conn):
+    """The child's result message, or None if there is none (nothing sent, or the child died
+    and its end of the pipe closed: poll() is then true, but recv() raises EOFError)."""
+    try:
+        return conn.recv() if conn.poll() else None
+    except (EOFError, OSError):
+        return None
+
+
 def _raise_child_error(rank, children, result_conns):
-    conn = result_conns[rank]
-    if conn.poll():
-        message = conn.recv()
-        if message[0] == "error":
-            raise RankError(rank, f"failed: {message[1]}\n--- traceback of rank {rank} ---\n"
-                            f"{message[2]}")
+    message = _read_result(result_conns[rank])
+    if message is not None and message[0] == "error":
+        raise RankError(rank, f"failed: {message[1]}\n--- traceback of rank {rank} ---\n"
+                        f"{message[2]}")
     child = children[rank]
     child.join(timeout=1)
-    code = child.exitcode
-    raise RankError(rank, f"died (exit code {code}) before returning a result")
+    raise RankError(rank, f"died (exit code {child.exitcode}) before returning a result")
+
+
+def _check_all_received(results) -> None:
+    """Every rank finished: compare what each sent to each peer with what that peer received,
+    as the simulator does, so that a message nobody received is an error on every engine."""
+    missing = [(src, dst, sent - results[dst][6][src])
+               for src, result in enumerate(results) for dst, sent in enumerate(result[5])
+               if sent > results[dst][6][src]]
+    if missing:
+        lines = "\n  ".join(f"rank {src} -> rank {dst}: {n} message(s)" for src, dst, n in missing)
+        raise RankError(missing[0][1], "finished without receiving messages sent to it "
+                        f"(mismatched peers or tags?):\n  {lines}")

@@ -10,13 +10,14 @@ ENGINES = ("sim", "processes")
 
 
 def run(program, world_size: int, engine: str = "sim", network=None, args=(), kwargs=None,
-        trace: bool = True, timeout: float = 120.0) -> RunResult:
+        trace: bool = True, timeout: float = 120.0, max_events: int | None = None) -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` ranks and return a RunResult.
 
     engine "sim": the discrete-event simulator over `network` (e.g. dsml.net.AlphaBeta);
     `time` is simulated seconds. engine "processes": one OS process per rank; `time` is
     measured seconds from a common start (after all workers are up) to the last finish,
     and `timeout` (s) bounds the run. `trace=False` skips recording (large runs).
+    `max_events` (sim only) stops a simulation that would never end with an error.
     """
     if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool) \
             or world_size < 1:
@@ -31,7 +32,7 @@ def run(program, world_size: int, engine: str = "sim", network=None, args=(), kw
         if network is None:
             raise ValueError("engine='sim' needs a network model, e.g. "
                              "network=dsml.net.AlphaBeta(alpha=5e-6, beta=1e-9)")
-        return simulate(program, world_size, network, args, kwargs, trace)
+        return simulate(program, world_size, network, args, kwargs, trace, max_events)
     if network is not None:
         raise ValueError(f"engine={engine!r} measures a real network; network= is only "
                          f"for engine='sim'")

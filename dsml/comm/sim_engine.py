@@ -20,6 +20,7 @@ class SimEngine:
         self.network = network
         network.attach(self.sim, world_size)
         self.trace = Trace() if trace else None
+        self.rows = self.trace.rows if trace else None
         # Delivered messages nobody has asked for yet: mailbox[dst][(src, tag)] -> payloads.
         self.mailbox = [dict() for _ in range(world_size)]
         # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
@@ -36,36 +37,45 @@ class SimEngine:
         handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
-        if self.trace is not None:
-            self.trace.add(rank, op, start, self.sim.now, src, dst, nbytes, tag)
+        if self.rows is not None:
+            self.rows.append((rank, op, start, self.sim.now, src, dst, nbytes, tag))
 
 
 # -- cell 39
 @add_to_class(SimEngine)
-def deliver(self, src, dst, tag, payload) -> None:
-    """A message has fully arrived at dst: hand it to a posted receive or keep it."""
-    waiting = self.posted[dst].get((src, tag))
+def deliver(self, message) -> None:
+    """A message (src, dst, tag, payload) has fully arrived: hand it to a posted receive
+    or keep it in the mailbox."""
+    src, dst, tag, payload = message
+    key = (src, tag)
+    waiting = self.posted[dst].get(key)
     if waiting:
         waiting.popleft()(payload)
-    else:
-        self.mailbox[dst].setdefault((src, tag), deque()).append(payload)
+        return
+    box = self.mailbox[dst].get(key)
+    if box is None:
+        box = self.mailbox[dst][key] = deque()
+    box.append(payload)
 
 
 @add_to_class(SimEngine)
 def receive(self, rank, src, tag, on_message) -> None:
     """Call on_message(payload) when the next (src, tag) message is at rank."""
-    box = self.mailbox[rank].get((src, tag))
+    key = (src, tag)
+    box = self.mailbox[rank].get(key)
     if box:
         # Already here: complete now, through the event queue (no deep recursion).
         self.sim.at(self.sim.now, on_message, box.popleft())
-    else:
-        self.posted[rank].setdefault((src, tag), deque()).append(on_message)
+        return
+    waiting = self.posted[rank].get(key)
+    if waiting is None:
+        waiting = self.posted[rank][key] = deque()
+    waiting.append(on_message)
 
 
 @add_to_class(SimEngine)
 def start_message(self, src, dst, tag, payload, nbytes, on_sent) -> None:
-    self.network.transmit(src, dst, nbytes, on_sent,
-                          lambda _: self.deliver(src, dst, tag, payload))
+    self.network.transmit(src, dst, nbytes, on_sent, self.deliver, (src, dst, tag, payload))
 
 
 # -- cell 41
@@ -89,21 +99,36 @@ def on_recv(self, process, req) -> None:
     self.receive(rank, req.src, req.tag, arrived)
 
 
+class Exchange:
+    """A sendrecv in flight: it completes when both its send and its receive have."""
+    __slots__ = ("engine", "process", "req", "start", "pending", "payload")
+
+    def __init__(self, engine, process, req):
+        self.engine, self.process, self.req = engine, process, req
+        self.start, self.pending, self.payload = engine.sim.now, 2, None
+
+    def sent(self, _):
+        self.pending -= 1
+        if self.pending == 0:
+            self.finish()
+
+    def received(self, payload):
+        self.payload = payload
+        self.pending -= 1
+        if self.pending == 0:
+            self.finish()
+
+    def finish(self):
+        req, rank = self.req, self.process.pid
+        self.engine.record(rank, "sendrecv", self.start, req.src, req.dst, req.nbytes, req.tag)
+        self.process.resume(self.payload)
+
+
 @add_to_class(SimEngine)
 def on_sendrecv(self, process, req) -> None:
-    rank, start = process.pid, self.sim.now
-    state = {"pending": 2, "payload": None}
-
-    def part_done(payload, is_recv):
-        if is_recv:
-            state["payload"] = payload
-        state["pending"] -= 1
-        if state["pending"] == 0:
-            self.record(rank, "sendrecv", start, req.src, req.dst, req.nbytes, req.tag)
-            process.resume(state["payload"])
-    self.start_message(rank, req.dst, req.tag, req.payload, req.nbytes,
-                       lambda _: part_done(None, False))
-    self.receive(rank, req.src, req.tag, lambda payload: part_done(payload, True))
+    exchange = Exchange(self, process, req)
+    self.start_message(process.pid, req.dst, req.tag, req.payload, req.nbytes, exchange.sent)
+    self.receive(process.pid, req.src, req.tag, exchange.received)
 
 
 @add_to_class(SimEngine)
@@ -118,12 +143,12 @@ def on_compute(self, process, req) -> None:
 
 # -- cell 43
 @add_to_class(SimEngine)
-def run(self, program, args=(), kwargs=None) -> RunResult:
+def run(self, program, args=(), kwargs=None, max_events=None) -> RunResult:
     for rank in range(self.world_size):
         gen = start_rank(program, Comm(rank, self.world_size), args, kwargs)
         self.sim.spawn(gen, self.handle, name=f"rank {rank}")
     try:
-        self.sim.run()
+        self.sim.run(max_events)
     except DeadlockError as deadlock:
         unread = self.unreceived()
         if unread:
@@ -166,6 +191,7 @@ def describe_messages(messages) -> str:
 
 
 def simulate(program, world_size: int, network, args=(), kwargs=None,
-             trace: bool = True) -> RunResult:
-    """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`."""
-    return SimEngine(world_size, network, trace).run(program, args, kwargs)
+             trace: bool = True, max_events: int | None = None) -> RunResult:
+    """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`
+    (at most `max_events` events if given)."""
+    return SimEngine(world_size, network, trace).run(program, args, kwargs, max_events)

@@ -40,13 +40,19 @@ class AlphaBeta:
         self.out_free = [0.0] * world_size
         self.in_free = [0.0] * world_size
 
-    def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered) -> None:
-        """Carry one message; call on_sent() when it has left src and on_delivered() when it
-        has fully arrived at dst (here the same instant)."""
+    def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, message) -> None:
+        """Carry one message: call on_sent(None) when it has left src and
+        on_delivered(message) when it has fully arrived at dst (here the same instant)."""
         sim = self.sim
         start = max(sim.now, self.out_free[src], self.in_free[dst])
         end = start + self.alpha + nbytes * self.beta
         self.out_free[src] = end
         self.in_free[dst] = end
-        sim.at(end, on_delivered)
-        sim.at(end, on_sent)
+        # Both happen at `end`: one event does both (deliver first, then release the sender).
+        sim.at(end, self._complete, (on_sent, on_delivered, message))
+
+    @staticmethod
+    def _complete(event) -> None:
+        on_sent, on_delivered, message = event
+        on_delivered(message)
+        on_sent(None)

@@ -89,7 +89,7 @@ def attach(self, sim, world_size: int) -> None:
 
 # -- cell 66
 @add_to_class(Topology)
-def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered) -> None:
+def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, message) -> None:
     route = self.route(src, dst)
     k = self.chunks if nbytes >= self.chunks else max(1, nbytes)
     sizes = [nbytes // k + (1 if i < nbytes % k else 0) for i in range(k)]
@@ -112,7 +112,7 @@ def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered) -> No
         else:
             state["arrived"] += 1
             if state["arrived"] == k:           # the last chunk has reached the receiver
-                self.sim.at(end, on_delivered)
+                self.sim.at(end, on_delivered, message)
 
     for index in range(k):
         hop((index, 0))

@@ -1,0 +1,81 @@
+"""Imports point down the layers of docs/architecture.md, and every module says what kind it is."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dsml"
+
+# Layer of each top-level part of the package (docs/architecture.md). A module may import
+# modules of its own layer or lower ones. A new top-level module must be added here.
+LAYERS = {
+    "dsml.utils": 0,
+    "dsml.sim": 1,
+    "dsml.net": 2,
+    "dsml.comm": 3,
+    "dsml.collectives": 4,
+    "dsml.train": 5,
+    "dsml.viz": 7,
+    "dsml.exercises": 8,
+    "dsml.cli": 9,
+    "dsml.__main__": 9,
+    "dsml": 9,            # the package itself (dsml/__init__.py re-exports everything)
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(name: str) -> int:
+    parts = name.split(".")
+    for i in range(min(len(parts), 2), 0, -1):
+        key = ".".join(parts[:i])
+        if key in LAYERS:
+            return LAYERS[key]
+    raise KeyError(name)
+
+
+def imported_modules(tree: ast.AST, current: str):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:   # relative import: resolve against the current package
+                base = current.split(".")[: -node.level] if not current.endswith("__init__") \
+                    else current.split(".")
+                yield ".".join(base + ([node.module] if node.module else []))
+            elif node.module:
+                yield node.module
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down(path):
+    name = module_name(path)
+    try:
+        mine = layer_of(name)
+    except KeyError:
+        pytest.fail(f"{name} is in no layer: add it to LAYERS here and to docs/architecture.md")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for target in imported_modules(tree, name):
+        if target != "dsml" and not target.startswith("dsml."):
+            continue
+        theirs = layer_of(target)
+        assert theirs <= mine, (f"{name} (layer {mine}) imports {target} (layer {theirs}): "
+                                f"imports must point down the layers")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_says_its_kind(path):
+    first = path.read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
+    assert first.startswith(('"""Generated from notebooks/', '"""Plumbing (hand-written)')), (
+        f"{path.relative_to(ROOT)}: the first line must say whether the module is generated "
+        f"from a notebook or hand-written plumbing, got {first[:60]!r}")

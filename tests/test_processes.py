@@ -1,0 +1,332 @@
+"""Plumbing (hand-written): tests for the `processes` engine — real values, failures, clean-up.
+
+Real processes on a small CI machine: generous timeouts, and no assertion on speed.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsml
+from dsml import RankError, SizeOnly
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60.0          # a bound for runs that should succeed; never a speed claim
+
+
+def assert_no_children_left(pids):
+    assert multiprocessing.active_children() == []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def write_pid(directory, rank):
+    Path(directory, f"pid{rank}").write_text(str(os.getpid()))
+
+
+def read_pids(directory, world_size):
+    return [int(Path(directory, f"pid{r}").read_text()) for r in range(world_size)]
+
+
+# --- rank programs (module level; the engine forks, so local ones work too) -----------------
+
+def ping_pong(comm, n):
+    if comm.rank == 0:
+        yield comm.send(1, np.arange(n, dtype=np.float64))
+        reply = yield comm.recv(1)
+        return float(reply.sum())
+    x = yield comm.recv(0)
+    yield comm.send(0, 2 * x)
+    return os.getpid()
+
+
+def ring_shift(comm, data, rounds):
+    x = data[comm.rank]
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(rounds):
+        x = yield comm.sendrecv(right, x, left)
+    return x
+
+
+def report_pid(comm):
+    yield comm.compute(0.0)
+    return os.getpid()
+
+
+# --- correct results -------------------------------------------------------------------------
+
+def test_ping_pong_values():
+    n = 1000
+    result = dsml.run(ping_pong, 2, engine="processes", args=(n,), timeout=TIMEOUT)
+    assert result.values[0] == 2 * sum(range(n))
+    assert result.engine == "processes" and result.world_size == 2
+    child_pid = result.values[1]
+    assert child_pid != os.getpid()
+    assert_no_children_left([child_pid])
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_ring_sendrecv_equals_numpy_roll(p):
+    rng = np.random.default_rng(p)
+    data = rng.standard_normal((p, 7))
+    rounds = p + 1
+    result = dsml.run(ring_shift, p, engine="processes", args=(list(data), rounds),
+                      timeout=TIMEOUT)
+    np.testing.assert_array_equal(np.stack(result.values), np.roll(data, rounds, axis=0))
+
+
+def test_time_and_trace_records_for_each_rank():
+    data = [np.full(3, float(r)) for r in range(3)]
+    result = dsml.run(ring_shift, 3, engine="processes", args=(data, 2), timeout=TIMEOUT)
+    assert result.time > 0
+    assert len(result.finish_times) == 3
+    assert all(0 <= t <= result.time for t in result.finish_times)
+    assert max(result.finish_times) == result.time
+    assert result.trace.ranks() == [0, 1, 2]
+    for rank in range(3):
+        records = result.trace.of_rank(rank)
+        assert [r.op for r in records] == ["sendrecv", "sendrecv"]
+        for r in records:
+            assert 0 <= r.start <= r.end <= result.time
+            assert r.src == (rank - 1) % 3 and r.dst == (rank + 1) % 3 and r.nbytes == 24
+    document = result.trace.to_chrome()
+    assert sum(e["ph"] == "M" for e in document["traceEvents"]) == 3
+
+
+def test_trace_off():
+    result = dsml.run(report_pid, 2, engine="processes", trace=False, timeout=TIMEOUT)
+    assert result.trace is None and result.time >= 0
+
+
+def test_tags_structured_payloads_and_size_only_travel_intact():
+    def mixed(comm):
+        if comm.rank == 0:
+            yield comm.send(1, {"version": 3, "grad": np.ones(4)}, tag=2)
+            yield comm.send(1, SizeOnly(10_000), tag=1)
+            yield comm.send(1, (np.arange(3), 1.5, None), tag=2)
+            return None
+        size_only = yield comm.recv(0, tag=1)        # arrived second, asked for first
+        first = yield comm.recv(0, tag=2)
+        second = yield comm.recv(0, tag=2)
+        return size_only, first, second
+
+    result = dsml.run(mixed, 2, engine="processes", timeout=TIMEOUT)
+    size_only, first, second = result.values[1]
+    assert size_only == SizeOnly(10_000)
+    assert first["version"] == 3 and np.array_equal(first["grad"], np.ones(4))
+    assert np.array_equal(second[0], np.arange(3)) and second[1:] == (1.5, None)
+
+
+def test_send_snapshot_on_real_processes():
+    def mutate(comm):
+        if comm.rank == 0:
+            x = np.zeros(5)
+            yield comm.send(1, x)
+            x += 1
+            yield comm.send(1, x)
+            return None
+        a = yield comm.recv(0)
+        b = yield comm.recv(0)
+        return float(a.sum()), float(b.sum())
+
+    assert dsml.run(mutate, 2, engine="processes", timeout=TIMEOUT).values[1] == (0.0, 5.0)
+
+
+def test_a_rank_program_defined_in_main_works():
+    """Like a notebook cell: the program lives in `__main__` of the calling interpreter."""
+    code = textwrap.dedent("""
+        import numpy as np
+        import dsml
+
+        def ring_in_main(comm, n):
+            x = np.full(n, float(comm.rank))
+            got = yield comm.sendrecv((comm.rank + 1) % comm.size, x, (comm.rank - 1) % comm.size)
+            return float(got.sum())
+
+        result = dsml.run(ring_in_main, 3, engine="processes", args=(4,), timeout=60)
+        print("MODULE", ring_in_main.__module__)
+        print("VALUES", result.values)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DSML_START_METHOD", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "MODULE __main__" in done.stdout
+    assert "VALUES [8.0, 0.0, 4.0]" in done.stdout
+
+
+# --- failures: named, bounded in time, nothing left behind ---------------------------------------
+
+def raises_on_rank_1(comm, directory):
+    write_pid(directory, comm.rank)
+    if comm.rank == 1:
+        yield comm.recv(0)              # every other rank has written its pid by now
+        yield comm.recv(2)
+        raise ValueError("gradient has NaN in layer 3")
+    yield comm.send(1, np.zeros(1))
+    yield comm.recv(1)                  # blocks: this rank must be killed by the engine
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback(tmp_path):
+    with pytest.raises(RankError) as info:
+        dsml.run(raises_on_rank_1, 3, engine="processes", args=(str(tmp_path),),
+                 timeout=TIMEOUT)
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert message.startswith("rank 1 failed: ValueError: gradient has NaN in layer 3")
+    assert "--- traceback of rank 1 ---" in message
+    assert "Traceback (most recent call last)" in message
+    assert "raises_on_rank_1" in message and 'raise ValueError("gradient has NaN' in message
+    assert_no_children_left(read_pids(tmp_path, 3))
+
+
+def hangs_on_rank_1(comm, directory):
+    write_pid(directory, comm.rank)
+    if comm.rank == 1:
+        yield comm.recv(0, tag=7)       # rank 0 never sends it
+    yield comm.compute(0.0)
+
+
+def test_a_rank_that_hangs_times_out_naming_what_it_waits_for(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        dsml.run(hangs_on_rank_1, 2, engine="processes", args=(str(tmp_path),), timeout=3)
+    elapsed = time.monotonic() - start
+    assert elapsed < 3 + 30            # bounded: the timeout plus clean-up, never a hang
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert "did not finish within the timeout of 3 s" in message
+    assert "rank 1 waits for a message from rank 0 (tag 7)" in message
+    assert "rank 0 finished" in message
+    assert_no_children_left(read_pids(tmp_path, 2))
+
+
+def everyone_waits(comm, directory):
+    write_pid(directory, comm.rank)
+    yield comm.recv((comm.rank + 1) % comm.size)
+
+
+def test_a_deadlock_on_real_processes_times_out_naming_each_rank(tmp_path):
+    with pytest.raises(RankError) as info:
+        dsml.run(everyone_waits, 3, engine="processes", args=(str(tmp_path),), timeout=3)
+    message = str(info.value)
+    for rank in range(3):
+        assert f"rank {rank} waits for a message from rank {(rank + 1) % 3}" in message
+    assert_no_children_left(read_pids(tmp_path, 3))
+
+
+def dies_on_rank_1(comm, directory):
+    write_pid(directory, comm.rank)
+    if comm.rank == 1:
+        yield comm.recv(0)              # rank 0 has written its pid by now
+        os._exit(3)
+    yield comm.send(1, np.zeros(1))
+    yield comm.recv(1)
+
+
+def test_a_rank_that_dies_is_reported_with_its_exit_code(tmp_path):
+    for attempt in range(10):
+        directory = tmp_path / str(attempt)
+        directory.mkdir()
+        start = time.monotonic()
+        with pytest.raises(RankError, match=r"rank 1 died \(exit code 3\)") as info:
+            dsml.run(dies_on_rank_1, 2, engine="processes", args=(str(directory),),
+                     timeout=TIMEOUT)
+        assert info.value.rank == 1
+        assert time.monotonic() - start < TIMEOUT / 2      # noticed at once, not at the timeout
+        assert_no_children_left(read_pids(directory, 2))
+
+
+def test_a_rank_that_dies_fails_the_run_promptly_and_leaves_nothing_behind(tmp_path):
+    """The run fails fast and cleans up."""
+    start = time.monotonic()
+    with pytest.raises(Exception):
+        dsml.run(dies_on_rank_1, 2, engine="processes", args=(str(tmp_path),), timeout=TIMEOUT)
+    assert time.monotonic() - start < TIMEOUT / 2
+    assert_no_children_left(read_pids(tmp_path, 2))
+
+
+def test_a_successful_run_leaves_no_process_behind():
+    result = dsml.run(report_pid, 3, engine="processes", timeout=TIMEOUT)
+    pids = result.values
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    assert_no_children_left(pids)
+
+
+def test_a_non_request_is_reported_with_the_rank():
+    def yields_junk(comm):
+        if comm.rank == 1:
+            yield "send please"
+        yield comm.compute(0.0)
+
+    with pytest.raises(RankError, match=r"rank 1 failed: TypeError: yielded 'send please', "
+                       r"which is not a request"):
+        dsml.run(yields_junk, 2, engine="processes", timeout=TIMEOUT)
+    assert multiprocessing.active_children() == []
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+def test_network_with_processes_raises():
+    with pytest.raises(ValueError, match=r"engine='processes' measures a real network; "
+                       r"network= is only for engine='sim'"):
+        dsml.run(report_pid, 2, engine="processes", network=dsml.net.AlphaBeta(1e-6, 1e-9))
+
+
+def test_a_plain_function_is_rejected_before_any_process_starts():
+    def plain(comm):
+        return 1
+
+    with pytest.raises(TypeError, match=r"program plain must be a generator function"):
+        dsml.run(plain, 2, engine="processes")
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0])
+def test_bad_timeout(timeout):
+    with pytest.raises(ValueError, match=r"timeout must be > 0 seconds"):
+        dsml.run(report_pid, 2, engine="processes", timeout=timeout)
+
+
+def test_bad_start_method_env(monkeypatch):
+    monkeypatch.setenv("DSML_START_METHOD", "teleport")
+    with pytest.raises(ValueError, match=r"DSML_START_METHOD must be one of .*got 'teleport'"):
+        dsml.run(report_pid, 2, engine="processes")
+
+
+# --- engines agree on what is an error ---------------------------------------------------------
+
+def forgetful(comm):
+    if comm.rank == 0:
+        yield comm.send(1, np.zeros(3))
+        yield comm.send(1, np.zeros(3))
+    else:
+        yield comm.recv(0)
+
+
+def test_a_message_never_received_is_an_error_on_processes_too():
+    with pytest.raises(RankError, match=r"rank 1 finished without receiving"):
+        dsml.run(forgetful, 2, engine="processes", timeout=TIMEOUT)
+
+
+def test_recv_trace_records_carry_the_message_size_like_on_sim():
+    def one_way(comm):
+        if comm.rank == 0:
+            yield comm.send(1, np.zeros(100, np.uint8))
+        else:
+            yield comm.recv(0)
+
+    sim = dsml.run(one_way, 2, network=dsml.net.AlphaBeta(1e-6, 1e-9))
+    real = dsml.run(one_way, 2, engine="processes", timeout=TIMEOUT)
+    assert [(r.rank, r.op, r.nbytes) for r in sorted(sim.trace, key=lambda r: r.rank)] == \
+           [(r.rank, r.op, r.nbytes) for r in sorted(real.trace, key=lambda r: r.rank)]
