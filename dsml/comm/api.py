@@ -119,7 +119,11 @@ class SendRecv(Request):
     __slots__ = ("dst", "payload", "src", "tag", "nbytes")
 
     def __init__(self, dst, payload, src, tag, nbytes):
-        self.dst, self.payload, self.src, self.tag, self.nbytes = dst, payload, src, tag, nbytes
+        self.dst = dst
+        self.payload = payload
+        self.src = src
+        self.tag = tag
+        self.nbytes = nbytes
 
     def describe(self):
         return (f"waits in sendrecv for a message from rank {self.src} (tag {self.tag}) "
@@ -180,8 +184,12 @@ class Comm:
 
     def sendrecv(self, dst: int, payload, src: int, tag: int = 0) -> SendRecv:
         """Request: send `payload` to `dst` and receive from `src`; returns what arrived."""
-        return SendRecv(self._peer(dst, "dst"), snapshot(payload), self._peer(src, "src"),
-                        self._tag(tag), payload_nbytes(payload))
+        # The exchange is the workhorse of every collective: check the common case inline.
+        size, rank = self.size, self.rank
+        if not (type(dst) is int and type(src) is int and type(tag) is int and tag >= 0
+                and 0 <= dst < size and 0 <= src < size and dst != rank and src != rank):
+            dst, src, tag = self._peer(dst, "dst"), self._peer(src, "src"), self._tag(tag)
+        return SendRecv(dst, snapshot(payload), src, tag, payload_nbytes(payload))
 
     def compute(self, seconds: float) -> Compute:
         """Request: `seconds` of computation (simulated time; a no-op on real engines)."""

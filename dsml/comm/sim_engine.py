@@ -29,11 +29,12 @@ class SimEngine:
                          SendRecv: self.on_sendrecv, Compute: self.on_compute}
 
     def handle(self, process, request) -> None:
-        handler = self.handlers.get(type(request))
-        if handler is None:
+        try:
+            handler = self.handlers[type(request)]
+        except KeyError:
             raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
                             f"yield comm.send(...), comm.recv(...), comm.sendrecv(...) "
-                            f"or comm.compute(...)")
+                            f"or comm.compute(...)") from None
         handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
@@ -101,11 +102,16 @@ def on_recv(self, process, req) -> None:
 
 class Exchange:
     """A sendrecv in flight: it completes when both its send and its receive have."""
-    __slots__ = ("engine", "process", "req", "start", "pending", "payload")
+    __slots__ = ("sim", "rows", "process", "req", "start", "pending", "payload")
 
     def __init__(self, engine, process, req):
-        self.engine, self.process, self.req = engine, process, req
-        self.start, self.pending, self.payload = engine.sim.now, 2, None
+        self.sim = engine.sim
+        self.rows = engine.rows
+        self.process = process
+        self.req = req
+        self.start = engine.sim.now
+        self.pending = 2
+        self.payload = None
 
     def sent(self, _):
         self.pending -= 1
@@ -119,16 +125,20 @@ class Exchange:
             self.finish()
 
     def finish(self):
-        req, rank = self.req, self.process.pid
-        self.engine.record(rank, "sendrecv", self.start, req.src, req.dst, req.nbytes, req.tag)
+        req = self.req
+        if self.rows is not None:         # record() inlined: this is the hottest path
+            self.rows.append((self.process.pid, "sendrecv", self.start, self.sim.now, req.src,
+                              req.dst, req.nbytes, req.tag))
         self.process.resume(self.payload)
 
 
 @add_to_class(SimEngine)
 def on_sendrecv(self, process, req) -> None:
+    rank = process.pid
     exchange = Exchange(self, process, req)
-    self.start_message(process.pid, req.dst, req.tag, req.payload, req.nbytes, exchange.sent)
-    self.receive(process.pid, req.src, req.tag, exchange.received)
+    self.network.transmit(rank, req.dst, req.nbytes, exchange.sent, self.deliver,
+                          (rank, req.dst, req.tag, req.payload))
+    self.receive(rank, req.src, req.tag, exchange.received)
 
 
 @add_to_class(SimEngine)

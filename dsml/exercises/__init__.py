@@ -1,0 +1,238 @@
+"""Plumbing (hand-written): the exercise harness that grades a learner's answers on the spot.
+
+In a notebook::
+
+    from dsml.exercises import check
+    check("1.1", size_for_fraction)
+
+prints exactly one line and returns None:
+
+    ✓ Exercise 1.1 (size for a fraction of the peak): correct
+    ✗ Exercise 1.1 (size for a fraction of the peak): <a hint: what was tried, expected, returned>
+    · Exercise 1.1 (size for a fraction of the peak): not attempted yet
+
+`grade(...)` does the same without printing and returns the `Grade` (for tests).
+
+Checkers live in one module per week (`dsml.exercises.week1`, ...), imported lazily by the
+week prefix of the id, and register themselves with `@checker("1.1", "title")`. The
+parameter names of a checker are the names of the answers it grades (the learner's
+functions), which are also the names of the reference solutions in `solutions/weekN.py`.
+A checker calls the learner's code on its own inputs and raises `Wrong(hint)` on a wrong
+answer; it may return a short note that is appended to "correct". This package sits on the
+layer above the engines: it and its week modules import `dsml.sim`, `dsml.net` and
+`dsml.comm` directly, never the top-level `dsml` package.
+
+"Not attempted" means the learner's code raised NotImplementedError (the untouched stub),
+or an answer passed to check is None or `...`. Any other exception from the learner's code,
+a deadlock, or a failed rank program is reported as ✗, never raised, so a notebook always
+runs top to bottom.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import numbers
+import pkgutil
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["check", "grade", "checker", "Grade", "Wrong", "known_ids", "checkers",
+           "PASSED", "FAILED", "NOT_ATTEMPTED", "expect_close", "as_float"]
+
+PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+_SYMBOL = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
+_ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
+
+
+class Wrong(Exception):
+    """Raised by a checker when the answer is wrong; the argument is the hint shown."""
+
+    def __init__(self, hint: str):
+        self.hint = hint
+        super().__init__(hint)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The outcome of one check: status is "passed", "failed" or "not attempted"."""
+    exercise_id: str
+    title: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def line(self) -> str:
+        """The one line `check` prints."""
+        return f"{_SYMBOL[self.status]} Exercise {self.exercise_id} ({self.title}): {self.message}"
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+@dataclass(frozen=True)
+class Checker:
+    """A registered checker: its id, title, the function, and the answer names it takes."""
+    exercise_id: str
+    title: str
+    function: Callable
+    answer_names: tuple
+
+    @property
+    def week(self) -> int:
+        return int(self.exercise_id.split(".")[0])
+
+
+_REGISTRY: dict[str, Checker] = {}
+
+
+def checker(exercise_id: str, title: str):
+    """Decorator: register `function(*answers)` as the checker of `exercise_id`."""
+    if not isinstance(exercise_id, str) or not _ID_PATTERN.match(exercise_id):
+        raise ValueError(f"exercise_id must look like '1.4' (week.number), got {exercise_id!r}")
+
+    def register(function: Callable) -> Callable:
+        names = tuple(inspect.signature(function).parameters)
+        previous = _REGISTRY.get(exercise_id)
+        if previous is not None and previous.function.__qualname__ != function.__qualname__:
+            raise ValueError(f"exercise {exercise_id} already has a checker "
+                             f"({previous.function.__qualname__})")
+        _REGISTRY[exercise_id] = Checker(exercise_id, title, function, names)
+        return function
+    return register
+
+
+# --- finding checkers --------------------------------------------------------------------
+
+def _week_modules() -> list[str]:
+    """Names of the week modules in this package: week1, week2, ..."""
+    return sorted((info.name for info in pkgutil.iter_modules(__path__)
+                   if re.fullmatch(r"week\d+", info.name)),
+                  key=lambda name: int(name[4:]))
+
+
+def _load_week(week: str) -> None:
+    if f"week{week}" in _week_modules():
+        importlib.import_module(f"{__name__}.week{week}")
+
+
+def _sort_key(exercise_id: str):
+    week, number = exercise_id.split(".")
+    return int(week), int(number)
+
+
+def known_ids() -> list[str]:
+    """Every exercise id that has a checker (imports all week modules)."""
+    for name in _week_modules():
+        importlib.import_module(f"{__name__}.{name}")
+    return sorted(_REGISTRY, key=_sort_key)
+
+
+def checkers(week: int | None = None) -> list[Checker]:
+    """The registered checkers, in order; only those of `week` if given."""
+    return [_REGISTRY[i] for i in known_ids() if week is None or _REGISTRY[i].week == week]
+
+
+def _lookup(exercise_id) -> Checker:
+    match = _ID_PATTERN.match(exercise_id) if isinstance(exercise_id, str) else None
+    if match:
+        _load_week(match.group(1))
+        if exercise_id in _REGISTRY:
+            return _REGISTRY[exercise_id]
+    raise ValueError(f"unknown exercise id {exercise_id!r}; known ids: "
+                     f"{', '.join(known_ids())} (give the id as a string, e.g. '1.4')")
+
+
+# --- grading ---------------------------------------------------------------------------
+
+def _not_implemented(error: BaseException) -> bool:
+    """True if NotImplementedError is this error or anywhere in its chain of causes."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, NotImplementedError):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _first_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0].rstrip(":") if lines else ""
+
+
+def _describe_error(error: Exception) -> str:
+    # Imported here: the harness itself does not need the engines.
+    from dsml.comm.api import RankError
+    from dsml.sim import DeadlockError
+    if isinstance(error, DeadlockError):
+        return (f"your rank program deadlocked: {_first_line(error)} Look at what each rank "
+                f"waits for: a receive that no rank will ever send to.")
+    if isinstance(error, RankError):
+        return f"your rank program failed: {_first_line(error)}"
+    detail = _first_line(error)
+    return f"your code raised {type(error).__name__}" + (f": {detail}" if detail else "")
+
+
+def grade(exercise_id: str, *answers) -> Grade:
+    """Grade `answers` for `exercise_id` and return the Grade, printing nothing.
+
+    Raises ValueError for an unknown id; every problem with the answers becomes a Grade.
+    """
+    entry = _lookup(exercise_id)
+
+    def result(status: str, message: str) -> Grade:
+        message = " ".join(str(message).split())   # one line, whatever the hint contained
+        return Grade(entry.exercise_id, entry.title, status, message)
+
+    if any(answer is None or answer is Ellipsis for answer in answers):
+        return result(NOT_ATTEMPTED, "not attempted yet")
+    if len(answers) != len(entry.answer_names):
+        expected = ", ".join(entry.answer_names)
+        return result(FAILED, f"check({exercise_id!r}, ...) takes {len(entry.answer_names)} "
+                              f"answer(s) ({expected}), got {len(answers)}; call it as "
+                              f"check({exercise_id!r}, {expected})")
+    try:
+        note = entry.function(*answers)
+    except Wrong as wrong:
+        return result(FAILED, wrong.hint)
+    except Exception as error:   # the learner's code: report it, never crash the notebook
+        if _not_implemented(error):
+            return result(NOT_ATTEMPTED, "not attempted yet")
+        return result(FAILED, _describe_error(error))
+    return result(PASSED, "correct" + (f" — {note}" if note else ""))
+
+
+def check(exercise_id: str, *answers) -> None:
+    """Grade `answers` for `exercise_id` and print one line: ✓, ✗ with a hint, or ·."""
+    print(grade(exercise_id, *answers).line())
+
+
+# --- helpers for checkers ------------------------------------------------------------------
+
+def as_float(value, what: str) -> float:
+    """`value` as a float, or Wrong saying what came back instead of a number."""
+    if value is None:
+        raise Wrong(f"{what} returned None; did you forget a `return`?")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.ndarray)):
+        raise Wrong(f"{what} returned {value!r} ({type(value).__name__}); expected a number")
+    array = np.asarray(value, dtype=float)
+    if array.size != 1:
+        raise Wrong(f"{what} returned an array of shape {array.shape}; expected one number")
+    return float(array.reshape(()))
+
+
+def expect_close(got, expected: float, what: str, reconsider: str, rtol: float = 1e-9,
+                 unit: str = "") -> None:
+    """Wrong unless `got` (a number) is within `rtol` of `expected`; the hint says what
+    was called (`what`), what was expected, what came back, and what to `reconsider`."""
+    value = as_float(got, what)
+    if not np.isclose(value, expected, rtol=rtol, atol=0.0):
+        unit = f" {unit}" if unit else ""
+        raise Wrong(f"{what} returned {value:.6g}{unit}, expected {expected:.6g}{unit}. "
+                    f"{reconsider}")

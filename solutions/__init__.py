@@ -1,0 +1,1 @@
+"""Reference solutions of the exercises (kept apart from the notebooks)."""

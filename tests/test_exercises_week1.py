@@ -1,0 +1,428 @@
+"""Tests for the exercise harness and week 1's checkers: each reference solution passes,
+each named plausible mistake fails, untouched stubs are "not attempted", and a learner's
+crash or deadlock becomes a ✗ instead of an exception."""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import solutions.week1 as solution  # noqa: E402
+from dsml.exercises import (FAILED, NOT_ATTEMPTED, PASSED, Grade, check, checkers,  # noqa: E402
+                            grade, known_ids)
+
+
+# --- plausible wrong answers, one named function per mistake --------------------------------
+
+# 1.1: solves n = f(α + nβ)/β as if nβ on the right were absent: f·α/β.
+def fraction_size_drops_n_beta(alpha, beta, fraction):
+    return fraction * alpha / beta
+
+
+# 1.1: the ratio upside down: (1 − f)/f · α/β (right only at f = ½).
+def fraction_size_inverted(alpha, beta, fraction):
+    return (1 - fraction) / fraction * alpha / beta
+
+
+# 1.2: Hockney's n½ = α/β: ignores the hops and the chunks.
+def break_even_n_half(hops, chunks, alpha, beta):
+    return alpha / beta
+
+
+# 1.2: h instead of h − 1: kα/(hβ).
+def break_even_h_not_h_minus_1(hops, chunks, alpha, beta):
+    return chunks * alpha / (hops * beta)
+
+
+# 1.2: a size a little below the break-even: just above it pipelining still loses.
+def break_even_slightly_low(hops, chunks, alpha, beta):
+    return 0.999 * chunks * alpha / ((hops - 1) * beta)
+
+
+# 1.3: one inter-machine hop only: forgets the core switch between the two machines.
+def two_level_one_inter_hop(nbytes, intra_latency, intra_bandwidth, inter_latency,
+                            inter_bandwidth):
+    return (2 * (intra_latency + nbytes / intra_bandwidth)
+            + (inter_latency + nbytes / inter_bandwidth))
+
+
+# 1.3: forgets the hops inside the machines (rank ↔ its machine's switch).
+def two_level_no_intra_hops(nbytes, intra_latency, intra_bandwidth, inter_latency,
+                            inter_bandwidth):
+    return 2 * (inter_latency + nbytes / inter_bandwidth)
+
+
+# 1.4: h instead of h − 1 in k* = √((h − 1)nβ/α).
+def chunks_with_h(nbytes, hops, alpha, beta):
+    return max(1, round(math.sqrt(hops * nbytes * beta / alpha)))
+
+
+# 1.4: the continuous optimum, not rounded to a whole number of chunks.
+def chunks_unrounded(nbytes, hops, alpha, beta):
+    return math.sqrt((hops - 1) * nbytes * beta / alpha)
+
+
+# 1.4: rounds the continuous optimum to the nearest integer; T(k) is not symmetric about
+# k*, so the better neighbour can be the farther one (k* ≈ 2.47: T(3) < T(2)).
+def chunks_rounded_to_nearest(nbytes, hops, alpha, beta):
+    return max(1, round(math.sqrt((hops - 1) * nbytes * beta / alpha)))
+
+
+# 1.5: p steps instead of p − 1 (a rank does not send to itself).
+def shifted_p_steps(p, nbytes, alpha, beta):
+    return p * (alpha + nbytes * beta)
+
+
+# 1.5: pays the bandwidth term once, as if the steps' bytes overlapped.
+def shifted_bandwidth_once(p, nbytes, alpha, beta):
+    return (p - 1) * alpha + nbytes * beta
+
+
+# 1.6: forgets the receiver's overhead (one o only).
+def loggp_one_overhead(nbytes, L, o, g, G):
+    return o + (nbytes - 1) * G + L
+
+
+# 1.6: nG: charges the gap per byte for the first byte too.
+def loggp_n_gaps(nbytes, L, o, g, G):
+    return o + nbytes * G + L + o
+
+
+# 1.7: every rank receives before it sends: deadlock.
+def ring_pass_receive_first(comm, x, rounds):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(rounds):
+        x = yield comm.recv(left)
+        yield comm.send(right, x)
+    return x
+
+
+# 1.7: passes leftward (to rank − 1) instead of rightward.
+def ring_pass_leftward(comm, x, rounds):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(rounds):
+        x = yield comm.sendrecv(left, x, right)
+    return x
+
+
+# 1.7: sends but keeps its own array, dropping what arrives.
+def ring_pass_keeps_own(comm, x, rounds):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(rounds):
+        yield comm.sendrecv(right, x, left)
+    return x
+
+
+# 1.7: a plain function, not a generator: forgets that rank programs yield.
+def ring_pass_not_generator(comm, x, rounds):
+    return x
+
+
+# 1.8: store-and-forward over the two hops: ignores the chunks.
+def ring_star_ignores_chunks(p, nbytes, rounds, latency, bandwidth, chunks):
+    return rounds * 2 * (latency + nbytes / bandwidth)
+
+
+# 1.8: one hop per message, as on AlphaBeta: ignores the switch.
+def ring_star_ignores_switch(p, nbytes, rounds, latency, bandwidth, chunks):
+    return rounds * (latency + nbytes / bandwidth)
+
+
+# 1.8: h·k chunk-times per round: the chunks do not overlap across the two hops.
+def ring_star_chunks_not_pipelined(p, nbytes, rounds, latency, bandwidth, chunks):
+    return rounds * 2 * chunks * (latency + nbytes / bandwidth / chunks)
+
+
+# 1.9: forgets the wrap-around links: cuts each ring once.
+def bisection_no_wraparound(rows, cols):
+    return min(rows, cols)
+
+
+# 1.9: half the hosts, not the links between the halves.
+def bisection_half_hosts(rows, cols):
+    return rows * cols // 2
+
+
+WRONG = {
+    "1.1": [fraction_size_drops_n_beta, fraction_size_inverted],
+    "1.2": [break_even_n_half, break_even_h_not_h_minus_1, break_even_slightly_low],
+    "1.3": [two_level_one_inter_hop, two_level_no_intra_hops],
+    "1.4": [chunks_with_h, chunks_unrounded, chunks_rounded_to_nearest],
+    "1.5": [shifted_p_steps, shifted_bandwidth_once],
+    "1.6": [loggp_one_overhead, loggp_n_gaps],
+    "1.7": [ring_pass_receive_first, ring_pass_leftward, ring_pass_keeps_own,
+            ring_pass_not_generator],
+    "1.8": [ring_star_ignores_chunks, ring_star_ignores_switch,
+            ring_star_chunks_not_pipelined],
+    "1.9": [bisection_no_wraparound, bisection_half_hosts],
+}
+
+WEEK1 = [entry.exercise_id for entry in checkers(week=1)]
+
+
+def reference(exercise_id):
+    (name,) = next(e for e in checkers(week=1) if e.exercise_id == exercise_id).answer_names
+    return getattr(solution, name)
+
+
+# --- the checkers ----------------------------------------------------------------------------
+
+def test_week1_has_nine_exercises():
+    assert WEEK1 == [f"1.{k}" for k in range(1, 10)]
+    assert set(WRONG) == set(WEEK1)
+
+
+@pytest.mark.parametrize("exercise_id", WEEK1)
+def test_reference_solution_passes(exercise_id):
+    result = grade(exercise_id, reference(exercise_id))
+    assert result.status == PASSED, result.line()
+
+
+@pytest.mark.parametrize("exercise_id, wrong", [(i, f) for i, fs in WRONG.items() for f in fs],
+                         ids=lambda v: getattr(v, "__name__", v))
+def test_named_mistake_fails(exercise_id, wrong):
+    result = grade(exercise_id, wrong)
+    assert result.status == FAILED, result.line()
+    assert "\n" not in result.message
+    assert len(result.message) > 40, "a hint should teach, not just say 'wrong'"
+
+
+@pytest.mark.parametrize("exercise_id", WEEK1)
+def test_untouched_stub_is_not_attempted(exercise_id):
+    def stub(*args):
+        raise NotImplementedError  # your code here
+    result = grade(exercise_id, stub)
+    assert result.status == NOT_ATTEMPTED, result.line()
+
+
+def test_generator_stub_of_a_rank_program_is_not_attempted():
+    # A stub that is already a generator fails inside the simulator (a RankError);
+    # NotImplementedError in its cause still means "not attempted".
+    def ring_pass(comm, x, rounds):
+        raise NotImplementedError  # your code here
+        yield
+    assert grade("1.7", ring_pass).status == NOT_ATTEMPTED
+
+
+@pytest.mark.parametrize("answer", [None, ...])
+def test_none_or_ellipsis_is_not_attempted(answer):
+    assert grade("1.4", answer).status == NOT_ATTEMPTED
+
+
+@pytest.mark.parametrize("exercise_id", WEEK1)
+def test_learner_exception_is_failed_not_raised(exercise_id):
+    def buggy(*args):
+        return "n" + 1   # TypeError
+    result = grade(exercise_id, buggy)
+    assert result.status == FAILED
+    assert "TypeError" in result.message
+
+
+def test_learner_exception_message_names_the_error():
+    def size_for_fraction(alpha, beta, fraction):
+        return alpha / "beta"
+    message = grade("1.1", size_for_fraction).message
+    assert message.startswith("your code raised TypeError: unsupported operand")
+
+
+def test_rank_program_that_raises_is_failed():
+    def ring_pass(comm, x, rounds):
+        yield comm.send((comm.rank + 1) % comm.size, x)
+        raise IndexError("list index out of range")
+    result = grade("1.7", ring_pass)
+    assert result.status == FAILED
+    assert "IndexError" in result.message and "rank" in result.message
+
+
+def test_deadlock_hint_says_every_rank_receives_first():
+    message = grade("1.7", ring_pass_receive_first).message
+    assert "deadlock" in message
+    assert "every rank waits to receive" in message
+    assert "sendrecv" in message and "send before receiving" in message
+
+
+def test_hint_states_input_expected_and_returned():
+    message = grade("1.1", fraction_size_drops_n_beta).message
+    assert "alpha=3e-06" in message and "beta=8e-11" in message       # the input
+    assert "fraction=0.9" in message
+    assert "expected 337500 B" in message                              # the truth: 9·α/β
+    assert "returned 33750 B" in message                               # the answer
+    assert "0.4737 of the peak" in message                             # what it achieves
+
+
+def test_break_even_hint_says_which_side_is_wrong():
+    message = grade("1.2", break_even_slightly_low).message
+    assert "just above your answer, pipelining is still slower" in message
+    early = grade("1.2", lambda hops, chunks, alpha, beta:
+                  1.001 * chunks * alpha / ((hops - 1) * beta)).message
+    assert "just below your answer, pipelining already wins" in early
+
+
+def test_break_even_rejects_a_size_that_is_not_positive():
+    message = grade("1.2", lambda hops, chunks, alpha, beta: 0.0).message
+    assert "a message size is > 0" in message
+
+
+def test_non_number_answer_is_failed_with_its_type():
+    def size_for_fraction(alpha, beta, fraction):
+        return "337500"
+    message = grade("1.1", size_for_fraction).message
+    assert "returned '337500' (str); expected a number" in message
+
+
+def test_missing_return_is_named():
+    def two_level_time(nbytes, intra_latency, intra_bandwidth, inter_latency, inter_bandwidth):
+        2 * (intra_latency + nbytes / intra_bandwidth)
+    assert "forget a `return`" in grade("1.3", two_level_time).message
+
+
+def test_optimal_chunks_accepts_any_tied_integer():
+    # Returning a float that is a whole number (13.0) is accepted as a count.
+    def optimal_chunks(nbytes, hops, alpha, beta):
+        return float(solution.optimal_chunks(nbytes, hops, alpha, beta))
+    assert grade("1.4", optimal_chunks).status == PASSED
+
+
+@pytest.mark.parametrize("exercise_id, words", [
+    ("1.3", "the simulator sent 4096 B across two_level(3, 2, ...)"),
+    ("1.5", "the simulator ran the exchange on 5 ranks"),
+    ("1.8", "the simulator ran the ring pass on star(5) with 4 chunks"),
+])
+def test_pass_message_reports_the_simulation(exercise_id, words):
+    result = grade(exercise_id, reference(exercise_id))
+    assert words in result.message, result.line()
+
+
+def test_simulated_checks_measure_rather_than_assume():
+    # The checkers compare with the simulator, not with the reference formula: where the
+    # formula's assumptions fail the simulation departs from it, and the checker would follow.
+    from dsml.exercises.week1 import simulate_ring_pass_on_star, simulate_shifted_exchange
+    alpha, beta = 2e-6, 1e-10
+    assert math.isclose(simulate_shifted_exchange(5, 1000, alpha, beta),
+                        solution.shifted_exchange_time(5, 1000, alpha, beta), rel_tol=1e-12)
+    # k does not divide n: the first n mod k chunks are one byte larger, so each round
+    # takes ⌈n/k⌉β − nβ/k longer than (k + 1)(α + nβ/k).
+    p, nbytes, rounds, latency, bandwidth, chunks = 5, 100_001, 2, 2e-6, 25e9, 4
+    simulated = simulate_ring_pass_on_star(p, nbytes, rounds, latency, bandwidth, chunks)
+    closed = solution.predict_ring_pass_time(p, nbytes, rounds, latency, bandwidth, chunks)
+    extra = rounds * (math.ceil(nbytes / chunks) - nbytes / chunks) / bandwidth
+    assert not math.isclose(simulated, closed, rel_tol=1e-9)
+    assert math.isclose(simulated, closed + extra, rel_tol=1e-12)
+
+
+def test_ring_pass_on_star_cases_keep_the_closed_form_exact():
+    # The statement promises that k divides n (and n > 0); the checker's inputs keep it.
+    from dsml.exercises.week1 import RING_PASS_ON_STAR_CASES
+    assert any(chunks == 1 for *_, chunks in RING_PASS_ON_STAR_CASES)
+    assert any(chunks > 1 for *_, chunks in RING_PASS_ON_STAR_CASES)
+    for p, nbytes, rounds, latency, bandwidth, chunks in RING_PASS_ON_STAR_CASES:
+        assert nbytes > 0 and nbytes % chunks == 0, (nbytes, chunks)
+
+
+# --- the harness: printing, ids, arity ------------------------------------------------------
+
+def test_check_prints_one_line_per_status_and_returns_none(capsys):
+    def stub(alpha, beta, fraction):
+        raise NotImplementedError
+    assert check("1.1", solution.size_for_fraction) is None
+    assert check("1.1", fraction_size_inverted) is None
+    assert check("1.1", stub) is None
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[0] == "✓ Exercise 1.1 (size for a fraction of the peak): correct"
+    assert lines[1].startswith("✗ Exercise 1.1 (size for a fraction of the peak): "
+                               "size_for_fraction(alpha=3e-06, beta=8e-11, fraction=0.9) "
+                               "returned")
+    assert lines[2] == "· Exercise 1.1 (size for a fraction of the peak): not attempted yet"
+
+
+def test_passed_note_stays_on_the_same_line(capsys):
+    check("1.9", solution.torus_bisection_links)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith("✓ Exercise 1.9 (torus bisection): correct — ")
+
+
+def test_grade_is_a_small_dataclass():
+    result = grade("1.6", solution.loggp_time)
+    assert isinstance(result, Grade)
+    assert (result.exercise_id, result.title, result.status) == \
+        ("1.6", "one message in LogGP", "passed")
+    assert result.passed
+    assert str(result) == result.line()
+
+
+@pytest.mark.parametrize("bad_id", ["9.9", "1.99", "1.10", "one", 1.1, "1"])
+def test_unknown_id_lists_known_ids(bad_id):
+    with pytest.raises(ValueError, match=r"unknown exercise id .*known ids: 1\.1, 1\.2"):
+        grade(bad_id, solution.size_for_fraction)
+
+
+def test_unknown_id_error_also_from_check():
+    with pytest.raises(ValueError, match="1.9"):
+        check("0.1", solution.size_for_fraction)
+
+
+def test_wrong_number_of_answers_is_failed():
+    result = grade("1.1", solution.size_for_fraction, solution.pipelining_break_even)
+    assert result.status == FAILED
+    assert "takes 1 answer(s) (size_for_fraction), got 2" in result.message
+
+
+def test_known_ids_include_week1_in_order():
+    ids = known_ids()
+    assert ids[:9] == [f"1.{k}" for k in range(1, 10)]
+
+
+# --- solutions and checkers correspond one to one --------------------------------------------
+
+def test_every_checker_has_a_solution_and_every_solution_a_checker():
+    answer_names = {name for entry in checkers(week=1) for name in entry.answer_names}
+    solution_names = {name for name, value in vars(solution).items()
+                      if inspect.isfunction(value) and value.__module__ == solution.__name__
+                      and not name.startswith("_")}
+    assert answer_names - solution_names == set(), "checkers without a reference solution"
+    assert solution_names - answer_names == set(), "solutions without a checker"
+
+
+def body_definitions(notebook: Path) -> set[str]:
+    """Names bound at the top level of the notebook's code cells before its exercises."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    names = set()
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and source.lstrip().startswith("## Exercises"):
+            break
+        if cell["cell_type"] != "code":
+            continue
+        # IPython magics and shell escapes are not Python; skip those lines.
+        code = "\n".join(line for line in source.splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        for node in ast.parse(code).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            else:
+                for target in ast.walk(node):
+                    if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
+                        names.add(target.id)
+    return names
+
+
+def test_no_stub_shadows_a_name_the_notebook_body_defines():
+    # Filling in a stub must not replace a function the notebook built and uses again.
+    notebook = ROOT / "notebooks" / "week1_foundations_and_communication.ipynb"
+    defined = body_definitions(notebook)
+    assert {"pipelined_time", "ping_pong", "incast", "half_performance_size"} <= defined
+    stubs = {name for entry in checkers(week=1) for name in entry.answer_names}
+    assert stubs & defined == set()
