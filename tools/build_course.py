@@ -171,15 +171,16 @@ def write_index(results: list[dict], outdir: Path) -> None:
 
 def print_table(results: list[dict]) -> None:
     """Print one line per notebook and the total against the budgets."""
-    print(f"{'notebook':<28} {'seconds':>8} {'budget':>10} {'figures':>8} {'asserts':>8}  exercises")
+    width = max([len("notebook"), len("total")] + [len(r["notebook"]) for r in results])
+    print(f"{'notebook':<{width}} {'seconds':>8} {'budget':>10} {'figures':>8} {'asserts':>8}  exercises")
     for r in results:
         budget = f"{NOTEBOOK_BUDGET_S:.0f} s" + (" OVER" if r["seconds"] > NOTEBOOK_BUDGET_S else "")
         status = "" if r["ok"] else "  FAILED"
-        print(f"{r['notebook']:<28} {r['seconds']:>8.1f} {budget:>10} {r['figures']:>8} "
+        print(f"{r['notebook']:<{width}} {r['seconds']:>8.1f} {budget:>10} {r['figures']:>8} "
               f"{r['asserts']:>8}  {r['passed']} ✓ {r['failed']} ✗ {r['not_attempted']} ·{status}")
     total = sum(r["seconds"] for r in results)
     over = " OVER" if total > TOTAL_BUDGET_S else ""
-    print(f"{'total':<28} {total:>8.1f} {TOTAL_BUDGET_S:>8.0f} s{over}")
+    print(f"{'total':<{width}} {total:>8.1f} {TOTAL_BUDGET_S:>8.0f} s{over}")
 
 
 def main(root: Path = ROOT) -> int:
