@@ -349,3 +349,24 @@ def test_bad_chunk_count(chunks):
 def test_builders_reject_bad_counts(builder, args, what):
     with pytest.raises(ValueError, match=what):
         builder(*args)
+
+
+@pytest.mark.parametrize("hops", [2, 3, 5])
+@pytest.mark.parametrize("nbytes, chunks", [(100_001, 4), (1_000_003, 7), (10, 3)])
+def test_uneven_chunks_follow_the_documented_departure(hops, nbytes, chunks):
+    """When k does not divide n the first n mod k chunks carry one byte more; the transfer then
+    takes (h + k − 1)α + nβ + (h − 1)⌈n/k⌉β (docs/measurements.md), not (h + k − 1)(α + nβ/k)."""
+    alpha, bandwidth = 5e-6, 1e9
+    beta = 1 / bandwidth
+
+    def far(comm, n, dst):
+        if comm.rank == 0:
+            yield comm.send(dst, np.zeros(n, np.uint8))
+        elif comm.rank == dst:
+            yield comm.recv(0)
+
+    network = dsml.net.ring(12, latency=alpha, bandwidth=bandwidth).with_chunks(chunks)
+    time = dsml.run(far, 12, network=network, args=(nbytes, hops)).time
+    expected = (hops + chunks - 1) * alpha + nbytes * beta + (hops - 1) * math.ceil(nbytes / chunks) * beta
+    assert math.isclose(time, expected, rel_tol=1e-12)
+    assert time > (hops + chunks - 1) * (alpha + nbytes * beta / chunks)
