@@ -142,6 +142,19 @@ class Compute(Request):
         return f"computes for {self.seconds} s"
 
 
+class Combine(Request):
+    """Charge the reduction of `nbytes` bytes (adding a received block into one's own): the
+    simulator spends γ·nbytes, with γ (s/B) from the network model; real engines do nothing,
+    since there the reduction is the NumPy code itself. Collectives yield it (week 2)."""
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+    def describe(self):
+        return f"combines {self.nbytes} B"
+
+
 # -- cell 32
 class Comm:
     """A rank's view of the world: who it is, how many there are, and the requests it can make.
@@ -198,6 +211,13 @@ class Comm:
             raise ValueError(f"rank {self.rank}: compute seconds must be finite and ≥ 0, "
                              f"got {seconds}")
         return Compute(seconds)
+
+    def combine(self, nbytes: int) -> Combine:
+        """Request: the cost of reducing `nbytes` bytes (γ·nbytes simulated; free for real)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+            raise ValueError(f"rank {self.rank}: combine nbytes must be an integer ≥ 0, "
+                             f"got {nbytes!r}")
+        return Combine(int(nbytes))
 
 
 # -- cell 34

@@ -25,7 +25,7 @@ import time
 import traceback
 from multiprocessing.connection import wait
 
-from dsml.comm.api import (Comm, Compute, RankError, Recv, RunResult, Send, SendRecv,
+from dsml.comm.api import (Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv,
                            payload_nbytes, start_rank)
 from dsml.sim import Trace
 
@@ -134,12 +134,12 @@ def _child_main(rank, size, program, args, kwargs, inboxes, status, barrier, res
                 transport.send(request.dst, request.tag, request.payload)
                 value = transport.recv(request.src, request.tag)
                 op, src, dst = "sendrecv", request.src, request.dst
-            elif kind is Compute:
-                value, op, src, dst = None, "compute", -1, -1
+            elif kind is Compute or kind is Combine:
+                value, op, src, dst = None, "compute" if kind is Compute else "combine", -1, -1
             else:
                 raise TypeError(f"yielded {request!r}, which is not a request; yield "
-                                f"comm.send(...), comm.recv(...), comm.sendrecv(...) or "
-                                f"comm.compute(...)")
+                                f"comm.send(...), comm.recv(...), comm.sendrecv(...), "
+                                f"comm.compute(...) or comm.combine(...)")
             if records is not None:
                 nbytes = payload_nbytes(value) if kind is Recv else getattr(request, "nbytes", 0)
                 records.append((rank, op, start, time.perf_counter(), src, dst, nbytes,

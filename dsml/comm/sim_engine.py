@@ -1,7 +1,7 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
+from dsml.comm.api import Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
 from dsml.sim import DeadlockError, ProcessFailed, Simulator, Trace
 
 
@@ -26,15 +26,16 @@ class SimEngine:
         # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
         self.posted = [dict() for _ in range(world_size)]
         self.handlers = {Send: self.on_send, Recv: self.on_recv,
-                         SendRecv: self.on_sendrecv, Compute: self.on_compute}
+                         SendRecv: self.on_sendrecv, Compute: self.on_compute,
+                         Combine: self.on_combine}
 
     def handle(self, process, request) -> None:
         try:
             handler = self.handlers[type(request)]
         except KeyError:
             raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
-                            f"yield comm.send(...), comm.recv(...), comm.sendrecv(...) "
-                            f"or comm.compute(...)") from None
+                            f"yield comm.send(...), comm.recv(...), comm.sendrecv(...), "
+                            f"comm.compute(...) or comm.combine(...)") from None
         handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
@@ -149,6 +150,16 @@ def on_compute(self, process, req) -> None:
         self.record(rank, "compute", start)
         process.resume(None)
     self.sim.after(req.seconds, done)
+
+
+@add_to_class(SimEngine)
+def on_combine(self, process, req) -> None:
+    rank, start = process.pid, self.sim.now
+
+    def done(_):
+        self.record(rank, "combine", start, nbytes=req.nbytes)
+        process.resume(None)
+    self.sim.after(req.nbytes * getattr(self.network, "gamma", 0.0), done)
 
 
 # -- cell 43

@@ -23,11 +23,13 @@ class Topology:
     Hockney); a link serves transmissions first come, first served (FIFO contention).
     Messages follow a fixed shortest path (fewest hops, NetworkX's deterministic choice) and
     are cut into `chunks` pieces: 1 is store-and-forward (a node forwards a message only once
-    it has all of it), k > 1 pipelines the pieces hop by hop.
+    it has all of it), k > 1 pipelines the pieces hop by hop. `gamma` (s/B) is the cost of
+    combining data on a host, charged by `comm.combine`.
     """
 
     def __init__(self, graph: nx.Graph, hosts=None, latency: float = 1e-6,
-                 bandwidth: float = 10e9, chunks: int = 1, name: str = "topology"):
+                 bandwidth: float = 10e9, chunks: int = 1, name: str = "topology",
+                 gamma: float = 0.0):
         if graph.number_of_nodes() == 0:
             raise ValueError("graph has no nodes")
         if graph.is_directed():
@@ -47,6 +49,7 @@ class Topology:
         self.chunks = int(chunks)
         self.name = name
         self.latency, self.bandwidth = latency, bandwidth
+        self.gamma = check_time_parameter("gamma", gamma)   # s/B to combine data on a host
         self.links = {}   # (u, v) -> (latency s, seconds per byte)
         for u, v, data in graph.edges(data=True):
             lat = check_time_parameter(f"latency of link {u}-{v}", data.get("latency", latency))
@@ -63,7 +66,8 @@ class Topology:
 
     def with_chunks(self, chunks: int) -> "Topology":
         """The same network, cutting messages into `chunks` pieces."""
-        return Topology(self.graph, self.hosts, self.latency, self.bandwidth, chunks, self.name)
+        return Topology(self.graph, self.hosts, self.latency, self.bandwidth, chunks, self.name,
+                        self.gamma)
 
 
 # -- cell 64

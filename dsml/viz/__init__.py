@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 PALETTE = ["#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB",
            "#000000"]
 OP_COLORS = {"send": "#4477AA", "recv": "#EE6677", "sendrecv": "#AA3377",
-             "compute": "#228833"}
+             "compute": "#228833", "combine": "#CCBB44"}
 
 
 def rank_color(rank: int) -> str:
