@@ -41,11 +41,14 @@ def describe_wait(request: Any) -> str:
 
 
 # -- cell 14
+PENDING = object()    # a handler's answer meaning "not yet: resume() will be called later"
+
+
 class Process:
     """A generator driven by the simulator.
 
-    Each value the generator yields is handed to `handler(process, value)`, which
-    decides when (in simulated time) to resume the generator and with what.
+    Each value the generator yields is handed to `handler(process, value)`, which returns
+    the result at once, or PENDING after arranging a later `resume(result)`.
     """
 
     __slots__ = ("sim", "pid", "name", "gen", "handler", "done", "value",
@@ -63,19 +66,23 @@ class Process:
         self.waiting_for = None
 
     def resume(self, value: Any = None) -> None:
-        """Send `value` into the generator and hand its next request to the handler."""
-        try:
-            request = self.gen.send(value)
-        except StopIteration as stop:
-            self.done = True
-            self.value = stop.value
-            self.finish_time = self.sim.now
-            self.waiting_for = None
-            return
-        except Exception as error:
-            raise ProcessFailed(self, error) from error
-        self.waiting_for = request
-        self.handler(self, request)
+        """Send `value` into the generator and hand its requests to the handler, until
+        one is PENDING or the generator returns."""
+        while True:
+            try:
+                request = self.gen.send(value)
+            except StopIteration as stop:
+                self.done = True
+                self.value = stop.value
+                self.finish_time = self.sim.now
+                self.waiting_for = None
+                return
+            except Exception as error:
+                raise ProcessFailed(self, error) from error
+            self.waiting_for = request
+            value = self.handler(self, request)
+            if value is PENDING:
+                return
 
 
 # -- cell 16

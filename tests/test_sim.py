@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dsml
-from dsml.sim import DeadlockError, ProcessFailed, Simulator, Trace, TraceRecord
+from dsml.sim import PENDING, DeadlockError, ProcessFailed, Simulator, Trace, TraceRecord
 
 
 # --- a minimal request vocabulary, so these tests need nothing but dsml.sim ------------
@@ -34,7 +34,8 @@ class Wait:
 def handler(process, request):
     if isinstance(request, Sleep):
         process.sim.after(request.seconds, process.resume, None)
-    # Wait: do nothing, the process stays blocked forever.
+    # Wait: nothing is scheduled, the process stays blocked forever.
+    return PENDING
 
 
 # --- event ordering ---------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_deadlock_describes_a_request_without_describe_by_its_repr():
     def stuck():
         yield ("opaque", 42)
 
-    sim.spawn(stuck(), lambda process, request: None, name="p")
+    sim.spawn(stuck(), lambda process, request: PENDING, name="p")
     with pytest.raises(DeadlockError, match=r"p waits on \('opaque', 42\)"):
         sim.run()
 
@@ -304,3 +305,21 @@ def test_trace_helpers():
     assert trace.of_rank(2) == [TraceRecord(2, "compute", 0.0, 1.0)]
     assert [r.op for r in trace] == ["compute", "send"]
     assert trace.to_chrome() == trace.to_chrome()   # no path: just the document
+
+
+def test_a_handler_may_answer_at_once():
+    """A handler that returns a value (not PENDING) resumes the generator immediately, in a
+    loop rather than by recursion, so a long run of instant requests costs no events and no
+    stack."""
+    sim = Simulator()
+
+    def counter():
+        total = 0
+        for _ in range(100_000):
+            total += yield "instant"
+        return total
+
+    process = sim.spawn(counter(), lambda p, request: 1, name="counter")
+    sim.run()
+    assert process.value == 100_000
+    assert sim.events_processed == 1          # only the start

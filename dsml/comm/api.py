@@ -22,12 +22,18 @@ class SizeOnly:
     __slots__ = ("nbytes",)
 
     def __init__(self, nbytes: int):
-        if not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+        if type(nbytes) is int and nbytes >= 0:       # fast path: scale runs make millions
+            self.nbytes = nbytes
+            return
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
             raise ValueError(f"SizeOnly nbytes must be an integer ≥ 0, got {nbytes!r}")
         self.nbytes = int(nbytes)
 
     def __repr__(self):
         return f"SizeOnly({self.nbytes})"
+
+    def copy(self) -> "SizeOnly":
+        return self                                   # immutable, like a number
 
     def __eq__(self, other):
         return isinstance(other, SizeOnly) and other.nbytes == self.nbytes
@@ -214,6 +220,8 @@ class Comm:
 
     def combine(self, nbytes: int) -> Combine:
         """Request: the cost of reducing `nbytes` bytes (γ·nbytes simulated; free for real)."""
+        if type(nbytes) is int and nbytes >= 0:
+            return Combine(nbytes)
         if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
             raise ValueError(f"rank {self.rank}: combine nbytes must be an integer ≥ 0, "
                              f"got {nbytes!r}")

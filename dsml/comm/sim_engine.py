@@ -2,7 +2,7 @@
 
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.comm.api import Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
-from dsml.sim import DeadlockError, ProcessFailed, Simulator, Trace
+from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Trace
 
 
 # -- cell 38
@@ -25,6 +25,7 @@ class SimEngine:
         self.mailbox = [dict() for _ in range(world_size)]
         # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
         self.posted = [dict() for _ in range(world_size)]
+        self.gamma = getattr(network, "gamma", 0.0)    # s/B charged by comm.combine
         self.handlers = {Send: self.on_send, Recv: self.on_recv,
                          SendRecv: self.on_sendrecv, Compute: self.on_compute,
                          Combine: self.on_combine}
@@ -36,7 +37,7 @@ class SimEngine:
             raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
                             f"yield comm.send(...), comm.recv(...), comm.sendrecv(...), "
                             f"comm.compute(...) or comm.combine(...)") from None
-        handler(process, request)
+        return handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
         if self.rows is not None:
@@ -75,30 +76,33 @@ def receive(self, rank, src, tag, on_message) -> None:
     waiting.append(on_message)
 
 
-@add_to_class(SimEngine)
-def start_message(self, src, dst, tag, payload, nbytes, on_sent) -> None:
-    self.network.transmit(src, dst, nbytes, on_sent, self.deliver, (src, dst, tag, payload))
-
-
 # -- cell 41
 @add_to_class(SimEngine)
-def on_send(self, process, req) -> None:
+def on_send(self, process, req):
     rank, start = process.pid, self.sim.now
 
     def sent(_):
         self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag)
         process.resume(None)
-    self.start_message(rank, req.dst, req.tag, req.payload, req.nbytes, sent)
+    self.network.transmit(rank, req.dst, req.nbytes, sent, self.deliver,
+                          (rank, req.dst, req.tag, req.payload))
+    return PENDING
 
 
 @add_to_class(SimEngine)
-def on_recv(self, process, req) -> None:
+def on_recv(self, process, req):
     rank, start = process.pid, self.sim.now
+    box = self.mailbox[rank].get((req.src, req.tag))
+    if box:                                 # already here: answer at once
+        payload = box.popleft()
+        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
+        return payload
 
     def arrived(payload):
         self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
         process.resume(payload)
     self.receive(rank, req.src, req.tag, arrived)
+    return PENDING
 
 
 class Exchange:
@@ -134,32 +138,38 @@ class Exchange:
 
 
 @add_to_class(SimEngine)
-def on_sendrecv(self, process, req) -> None:
+def on_sendrecv(self, process, req):
     rank = process.pid
     exchange = Exchange(self, process, req)
     self.network.transmit(rank, req.dst, req.nbytes, exchange.sent, self.deliver,
                           (rank, req.dst, req.tag, req.payload))
     self.receive(rank, req.src, req.tag, exchange.received)
+    return PENDING
 
 
 @add_to_class(SimEngine)
-def on_compute(self, process, req) -> None:
-    rank, start = process.pid, self.sim.now
-
-    def done(_):
-        self.record(rank, "compute", start)
-        process.resume(None)
-    self.sim.after(req.seconds, done)
+def on_compute(self, process, req):
+    return self.spend(process, "compute", req.seconds, 0)
 
 
 @add_to_class(SimEngine)
-def on_combine(self, process, req) -> None:
+def on_combine(self, process, req):
+    return self.spend(process, "combine", req.nbytes * self.gamma, req.nbytes)
+
+
+@add_to_class(SimEngine)
+def spend(self, process, op, seconds, nbytes):
+    """Let simulated time pass on one rank; no time at all is answered at once."""
     rank, start = process.pid, self.sim.now
+    if seconds == 0:
+        self.record(rank, op, start, nbytes=nbytes)
+        return None
 
     def done(_):
-        self.record(rank, "combine", start, nbytes=req.nbytes)
+        self.record(rank, op, start, nbytes=nbytes)
         process.resume(None)
-    self.sim.after(req.nbytes * getattr(self.network, "gamma", 0.0), done)
+    self.sim.after(seconds, done)
+    return PENDING
 
 
 # -- cell 43
