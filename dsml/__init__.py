@@ -1,7 +1,8 @@
 """Plumbing (hand-written): dsml — Distributed Systems for Machine Learning from first principles.
 
-The package the course builds: `dsml.run` runs a rank program on an engine ("sim" or
-"processes"); `dsml.net` holds network models; `dsml.sim` the discrete-event simulator.
+The package the course builds: `dsml.run` runs a rank program on an engine ("sim",
+"threads" or "processes"); `dsml.net` holds network models; `dsml.sim` the discrete-event
+simulator.
 """
 from dsml import net, sim
 from dsml.comm.api import RankError, RunResult, SizeOnly

@@ -1,6 +1,7 @@
 """Plumbing (hand-written): the `dsml` command line.
 
-    dsml pingpong [--engine processes|sim] [-b 1] [-e 4M] [-f 4] [--round-trips N] [--repeats N]
+    dsml pingpong [--engine processes|threads|sim] [-b 1] [-e 4M] [-f 4] [--round-trips N]
+                  [--repeats N]
         ping-pong between two ranks over a range of sizes; prints one-way times, the
         effective bandwidth, and the α, β and n½ fitted by least squares.
 """

@@ -333,7 +333,7 @@ def test_bad_world_size(world_size):
 
 
 def test_unknown_engine():
-    with pytest.raises(ValueError, match=r"unknown engine 'gpu'; choose one of sim, processes"):
+    with pytest.raises(ValueError, match=r"unknown engine 'gpu'; choose one of sim, threads, processes"):
         dsml.run(noop, 2, engine="gpu", network=NET)
 
 

@@ -1,38 +1,91 @@
 """Plumbing (hand-written): the `processes` engine — rank programs on real OS processes.
 
-Each rank is a child process that drives its rank program's generator. Messages travel
-through one inbound `multiprocessing.Queue` per rank; `Queue.put` hands the pickled message
-to a feeder thread, so a send never blocks on a full pipe (the eager-send semantics of the
-simulator hold here too, and a program that runs on one engine does not deadlock on another).
+Each rank is a child process that drives its rank program's generator (`driver.drive`, shared
+with the `threads` engine). The transport:
+
+- **Small messages** travel through one pipe per ordered pair of ranks (p·(p − 1) pipes),
+  written directly by the sender — no feeder thread, no lock, since each pipe has one writer.
+  A frame is an 8-byte length and the pickled `(tag, payload)`. Write ends are non-blocking:
+  when a pipe is full, the rest of the frame (and every later frame to that rank, to keep the
+  order) waits in a per-destination backlog, written out whenever the rank waits — in a
+  receive, or after its program has returned. So a send never blocks and pipe buffer sizes
+  never turn a correct program into a deadlock (the eager semantics of every engine).
+- **Waiting.** When there are no more ranks than CPUs this process may use (Linux), each rank
+  is pinned to a CPU of its own, and a waiting receive polls its pipe for SPIN (200 µs) before
+  it sleeps in poll(): a wake-up through the kernel costs tens of µs, and a ping-pong of small
+  messages takes ~35 µs one way instead of ~100 µs. Unpinned (more ranks than CPUs, or no
+  affinity call), a rank never spins: on a shared core it would take the time that the peer it
+  waits for needs.
+- **Large arrays** (`nbytes ≥ SHM_THRESHOLD`, 32 KiB, where a ping-pong through shared memory
+  starts to beat the pipe on the development machine; anywhere in a payload, also inside
+  tuples and dicts) travel through POSIX shared memory: the sender copies the array into a
+  segment and sends only its name, shape and dtype through the pipe; the receiver attaches,
+  copies the array out and answers with an acknowledgement frame, after which the sender may
+  reuse the segment for its next array to that rank. Each rank keeps a pool of segments per
+  destination (power-of-two sizes; a new one is created only when none is free), and the
+  receiver keeps its attachments: a fresh segment per message costs page faults on both sides,
+  about 15 times the copy itself for 1 MiB. The pools grow to the most bytes a rank had in
+  flight to a peer and live until the run ends.
+- **Clean-up.** Segments are named `dsml_<parent pid>_<run>_<rank>_<n>`. After every run,
+  successful or not, the parent unlinks every segment with its run's prefix: from a listing of
+  /dev/shm where there is one (Linux), else by trying every name the ranks counted in a shared
+  array (a rank counts a segment before creating it).
+
+Python's resource tracker: before 3.13 every `SharedMemory` — created *or attached* —
+registers with the tracker, which unlinks and warns about what is still registered when it
+shuts down. The parent starts the tracker before forking, so every rank shares one; a sender
+unregisters each segment it creates at once (3.13+: `track=False`), and the parent's clean-up
+attaches (registering again is a no-op) and unlinks (which unregisters) every segment of the
+run, so that whatever a receiver registered is unregistered and the tracker ends with nothing.
 
 Start method: "fork" where the platform has it (Linux, macOS), because a rank program
 defined in a notebook cell lives in the kernel's `__main__`, which a "spawn"ed child cannot
 import. Set DSML_START_METHOD=spawn (or forkserver) to override; then the program and its
 arguments must be importable/picklable.
 
+BLAS threads: each child sets OMP/OPENBLAS/MKL_NUM_THREADS=1 in its environment and, since
+a BLAS already loaded by the parent ignores the environment after a fork, also calls the
+library's own set-threads function (OpenBLAS as NumPy's wheels bundle it, MKL, BLIS) through
+ctypes. Spawned children get the variables in their environment before NumPy loads.
+
 Failure handling: the parent waits on every child's result pipe and process sentinel with
 a deadline. A rank that raises sends its traceback; a rank that dies is noticed through its
 sentinel; on timeout each unfinished rank's last request is read from a shared status array
 ("rank 1 waits for a message from rank 0 (tag 0)"). In every case all children are killed
-and joined before the error is raised, so nothing is left behind.
+and joined, and the run's shared-memory segments unlinked, before the error is raised. A
+child whose parent has gone away exits by itself (it checks once a second while it waits).
 """
 from __future__ import annotations
 
+import ctypes
+import itertools
 import multiprocessing as mp
 import os
-import queue
+import pickle
+import select
+import struct
+import sys
 import time
-import traceback
+from collections import deque
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
+from multiprocessing.shared_memory import SharedMemory
 
-from dsml.comm.api import (Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv,
-                           payload_nbytes, start_rank)
-from dsml.sim import Trace
+import numpy as np
 
-# Per-rank status in shared memory: what the rank is doing, for timeout reports.
-_RUNNING, _RECEIVING, _SENDING, _DONE = 0, 1, 2, 3
-_STATUS_FIELDS = 3   # state, peer, tag
-_HELLO = -1          # tag of the start-up handshake (user tags are ≥ 0)
+from dsml.comm.api import RankError, RunResult
+from dsml.comm.driver import (MatchingTransport, Status, STATUS_FIELDS, check_all_received,
+                              describe_exception, drive, make_result, rank_failed, timed_out)
+
+SHM_THRESHOLD = 32 * 1024   # bytes: arrays this large go through shared memory
+SHM_PREFIX = "dsml_"
+SHM_DIR = "/dev/shm"        # where Linux shows POSIX shared memory; absent on macOS
+POLL = 1.0                  # s: how often a waiting child checks that its parent is alive
+SPIN = 200e-6               # s: how long a receive polls its pipe before it sleeps
+READ_SIZE = 1 << 18         # bytes asked of a pipe per read
+_FRAME = struct.Struct("<Q")
+_run_ids = itertools.count()
+_BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def start_method() -> str:
@@ -46,119 +99,464 @@ def start_method() -> str:
     return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
 
 
-class _Transport:
-    """A rank's end of the message queues, with a stash for messages that came early."""
+# --- shared memory ----------------------------------------------------------------------------
 
-    def __init__(self, rank, inboxes, status, deadline):
+class ShmRef:
+    """Stands in a pickled payload for an array that waits in a shared-memory segment."""
+    __slots__ = ("name", "shape", "dtype")
+
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, shape, dtype
+
+    def __reduce__(self):
+        return ShmRef, (self.name, self.shape, self.dtype)
+
+
+if sys.version_info >= (3, 13):
+    def _create_segment(name, size):
+        return SharedMemory(name, create=True, size=size, track=False)
+else:
+    def _create_segment(name, size):
+        segment = SharedMemory(name, create=True, size=size)
+        # The receiver owns it from now on; the sender's registration would otherwise stay
+        # with the tracker and be "cleaned up" (with a warning) when the run is over.
+        resource_tracker.unregister(segment._name, "shared_memory")
+        return segment
+
+
+class Segments:
+    """One rank's side of the shared-memory path.
+
+    Sending: `put(dst, array)` copies the array into a segment of this rank's pool for `dst`
+    and returns the ShmRef to send. Segments come in power-of-two sizes; one is reused once
+    the receiver has said (an ACK frame) that it has copied the array out, and a new one is
+    created when none is free. Receiving: `take(ref)` attaches (once per segment), copies the
+    array out and returns it; the caller sends the ACK.
+    """
+
+    def __init__(self, prefix: str, rank: int, created):
+        self.prefix = f"{prefix}{rank}_"
         self.rank = rank
-        self.inboxes = inboxes
-        self.status = status
-        self.deadline = deadline
-        self.early = {}   # (src, tag) -> list of payloads, in arrival order
-        size = len(inboxes)
-        self.sent = [0] * size       # user messages sent to each peer
-        self.received = [0] * size   # user messages taken by a receive from each peer
+        self.created = created     # shared counter per rank: the parent can find every name
+        self.owned = {}            # name -> (dst, size, SharedMemory) of this rank's segments
+        self.free = {}             # (dst, size) -> names acknowledged by their receiver
+        self.attached = {}         # name -> SharedMemory of a peer's segment
 
-    def connect(self):
-        """Say hello to every peer and hear from every peer, before the clock starts.
+    def reusable(self, dst, nbytes) -> bool:
+        return bool(self.free.get((dst, _size_class(nbytes))))
 
-        Each Queue starts a feeder thread on its first put; doing that here keeps thread
-        start-up out of the first measured message."""
-        size = len(self.inboxes)
-        for peer in range(size):
-            if peer != self.rank:
-                self.send(peer, _HELLO, None)
-        for peer in range(size):
-            if peer != self.rank:
-                self.recv(peer, _HELLO)
-        self.sent = [0] * size       # the hellos do not count
-        self.received = [0] * size
+    def put(self, dst, array: np.ndarray) -> ShmRef:
+        size = _size_class(array.nbytes)
+        free = self.free.get((dst, size))
+        if free:
+            name = free.pop()
+            segment = self.owned[name][2]
+        else:
+            n = self.created[self.rank]
+            self.created[self.rank] = n + 1     # counted before it exists, so never missed
+            name = f"{self.prefix}{n}"
+            segment = _create_segment(name, size)
+            self.owned[name] = (dst, size, segment)
+        view = np.ndarray(array.shape, array.dtype, buffer=segment.buf)
+        np.copyto(view, array, casting="no")
+        del view
+        return ShmRef(name, array.shape, array.dtype)
 
-    def set_status(self, state, peer=-1, tag=-1):
-        base = self.rank * _STATUS_FIELDS
-        self.status[base], self.status[base + 1], self.status[base + 2] = state, peer, tag
+    def release(self, name) -> None:
+        """The receiver has copied the array out of segment `name`: it can be reused."""
+        dst, size, _ = self.owned[name]
+        self.free.setdefault((dst, size), []).append(name)
 
+    def take(self, ref: ShmRef) -> np.ndarray:
+        segment = self.attached.get(ref.name)
+        if segment is None:
+            segment = self.attached[ref.name] = SharedMemory(ref.name)
+        view = np.ndarray(ref.shape, ref.dtype, buffer=segment.buf)
+        array = view.copy()
+        del view
+        return array
+
+    def encode(self, payload, dst, make_room):
+        """The payload with every large array replaced by a ShmRef to a segment holding it;
+        `make_room(dst, nbytes)` is called first when no segment is free for an array."""
+        kind = type(payload)
+        if kind is np.ndarray:
+            if payload.nbytes >= SHM_THRESHOLD and not payload.dtype.hasobject:
+                if not self.reusable(dst, payload.nbytes):
+                    make_room(dst, payload.nbytes)
+                return self.put(dst, payload)
+            return payload
+        if kind is tuple:
+            return tuple(self.encode(item, dst, make_room) for item in payload)
+        if kind is list:
+            return [self.encode(item, dst, make_room) for item in payload]
+        if kind is dict:
+            return {key: self.encode(value, dst, make_room) for key, value in payload.items()}
+        return payload
+
+    def decode(self, payload, taken: list):
+        """The payload with every ShmRef replaced by its array; the refs go to `taken`."""
+        kind = type(payload)
+        if kind is ShmRef:
+            taken.append(payload.name)
+            return self.take(payload)
+        if kind is tuple:
+            return tuple(self.decode(item, taken) for item in payload)
+        if kind is list:
+            return [self.decode(item, taken) for item in payload]
+        if kind is dict:
+            return {key: self.decode(value, taken) for key, value in payload.items()}
+        return payload
+
+
+def _size_class(nbytes: int) -> int:
+    """Segment size for an array of nbytes: the next power of two (at least a page)."""
+    return max(4096, 1 << (int(nbytes) - 1).bit_length())
+
+
+def unlink_segments(prefix: str, created) -> list[str]:
+    """Unlink every segment whose name starts with `prefix`; return their names.
+
+    Attaching before unlinking keeps the resource tracker's books straight: whatever a killed
+    rank left registered is registered once more (a no-op) and then unregistered."""
+    if os.path.isdir(SHM_DIR):
+        names = [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
+    else:
+        names = [f"{prefix}{rank}_{i}" for rank, count in enumerate(created)
+                 for i in range(count)]
+    unlinked = []
+    for name in names:
+        try:
+            segment = SharedMemory(name)
+        except FileNotFoundError:
+            continue
+        except ValueError:          # created but never sized: its creator was killed
+            try:
+                import _posixshmem
+                _posixshmem.shm_unlink("/" + name)
+                unlinked.append(name)
+            except (ImportError, OSError):
+                pass
+            continue
+        segment.close()
+        segment.unlink()
+        unlinked.append(name)
+    return unlinked
+
+
+# --- pipes ------------------------------------------------------------------------------------
+
+_ACK = -2      # frame tag: "I have copied these arrays out of your segments" (payload: names)
+
+
+class PipeTransport(MatchingTransport):
+    """A rank's ends of the pipes: one in from every peer, one out to every peer."""
+
+    def __init__(self, rank, status, readers: dict, writers: dict, segments: Segments):
+        super().__init__(rank, status)
+        self.readers = readers                   # src -> fd (non-blocking)
+        self.writers = writers                   # dst -> fd (non-blocking)
+        self.dst_of = {fd: dst for dst, fd in writers.items()}
+        self.segments = segments
+        self.inbuf = {src: bytearray() for src in readers}
+        self.inpos = dict.fromkeys(readers, 0)
+        self.backlog = {dst: deque() for dst in writers}
+        self.pending = set()                     # destinations with a backlog
+        self.parent = os.getppid()
+        # Spin only when this rank has a core of its own (pinned): on a core it shares with
+        # a peer, spinning would take the time that peer needs to send what we wait for.
+        self.spin = SPIN if _pin_to_own_core(rank, len(writers) + 1) else 0.0
+
+    # sending
     def send(self, dst, tag, payload):
-        self.inboxes[dst].put((self.rank, tag, payload))
-        self.sent[dst] += 1
+        self._send_frame(dst, tag, self.segments.encode(payload, dst, self._make_room))
 
-    def recv(self, src, tag):
-        self.received[src] += 1
-        key = (src, tag)
-        stash = self.early.get(key)
-        if stash:
-            return stash.pop(0)
-        self.set_status(_RECEIVING, src, tag)
-        inbox = self.inboxes[self.rank]
-        while True:
-            remaining = self.deadline - time.monotonic()
+    def _send_frame(self, dst, tag, payload):
+        body = pickle.dumps((tag, payload), protocol=5)
+        frame = _FRAME.pack(len(body)) + body
+        if dst in self.pending and not self._flush(dst):
+            self.backlog[dst].append(frame)
+            return
+        try:
+            written = os.write(self.writers[dst], frame)
+        except BlockingIOError:
+            written = 0
+        except BrokenPipeError:       # the receiver is gone; the parent reports why
+            return
+        if written < len(frame):
+            self.backlog[dst].append(memoryview(frame)[written:])
+            self.pending.add(dst)
+
+    def _make_room(self, dst, nbytes):
+        """No segment for dst is free: read what dst has sent so far (without waiting), so
+        that its acknowledgements free ours; its messages go to the stash, in order."""
+        if self._fill(dst):
+            while True:
+                frame = self._parse(dst)
+                if frame is None:
+                    break
+                tag, payload = frame
+                self.stash(dst, tag, payload)
+
+    def _flush(self, dst) -> bool:
+        """Write as much of dst's backlog as the pipe takes now; True if it is all out."""
+        backlog, fd = self.backlog[dst], self.writers[dst]
+        while backlog:
+            data = backlog[0]
             try:
-                # Wake up now and then: the parent enforces the deadline and kills us.
-                got_src, got_tag, payload = inbox.get(timeout=max(0.01, min(remaining, 1.0)))
-            except queue.Empty:
-                continue
-            if (got_src, got_tag) == key:
-                self.set_status(_RUNNING)
-                return payload
-            self.early.setdefault((got_src, got_tag), []).append(payload)
-
-
-def _child_main(rank, size, program, args, kwargs, inboxes, status, barrier, result_conn,
-                record_trace, deadline):
-    transport = _Transport(rank, inboxes, status, deadline)
-    records = [] if record_trace else None
-    try:
-        gen = start_rank(program, Comm(rank, size), args, kwargs)
-        transport.connect()
-        barrier.wait(timeout=max(0.0, deadline - time.monotonic()))
-        t0 = time.perf_counter()
-        value = None
-        while True:
-            try:
-                request = gen.send(value)
-            except StopIteration as stop:
-                t_end = time.perf_counter()
-                transport.set_status(_DONE)
-                result_conn.send(("ok", stop.value, t0, t_end, records,
-                                  transport.sent, transport.received))
+                written = os.write(fd, data)
+            except BlockingIOError:
+                return False
+            except BrokenPipeError:
+                backlog.clear()
                 break
-            start = time.perf_counter()
-            kind = type(request)
-            if kind is Send:
-                transport.send(request.dst, request.tag, request.payload)
-                value, op, src, dst = None, "send", rank, request.dst
-            elif kind is Recv:
-                value = transport.recv(request.src, request.tag)
-                op, src, dst = "recv", request.src, rank
-            elif kind is SendRecv:
-                transport.send(request.dst, request.tag, request.payload)
-                value = transport.recv(request.src, request.tag)
-                op, src, dst = "sendrecv", request.src, request.dst
-            elif kind is Compute or kind is Combine:
-                value, op, src, dst = None, "compute" if kind is Compute else "combine", -1, -1
-            else:
-                raise TypeError(f"yielded {request!r}, which is not a request; yield "
-                                f"comm.send(...), comm.recv(...), comm.sendrecv(...), "
-                                f"comm.compute(...) or comm.combine(...)")
-            if records is not None:
-                nbytes = payload_nbytes(value) if kind is Recv else getattr(request, "nbytes", 0)
-                records.append((rank, op, start, time.perf_counter(), src, dst, nbytes,
-                                getattr(request, "tag", 0)))
+            if written < len(data):
+                backlog[0] = data[written:]
+                return False
+            backlog.popleft()
+        self.pending.discard(dst)
+        return True
+
+    def finish(self):
+        """After the program has returned: deliver what is still in the backlogs."""
+        while self.pending:
+            self._wait(None)
+
+    # receiving
+    def _parse(self, src):
+        """The next complete (tag, payload) frame from src already read, or None.
+        Acknowledgements are handled here; arrays in shared memory are copied out and
+        acknowledged."""
+        buf = self.inbuf[src]
+        while True:
+            pos = self.inpos[src]
+            available = len(buf) - pos
+            if available < 8:
+                return None
+            (size,) = _FRAME.unpack_from(buf, pos)
+            if available < 8 + size:
+                return None
+            with memoryview(buf) as view:
+                tag, payload = pickle.loads(view[pos + 8:pos + 8 + size])
+            pos += 8 + size
+            if pos == len(buf):
+                buf.clear()
+                pos = 0
+            self.inpos[src] = pos
+            if tag == _ACK:
+                for name in payload:
+                    self.segments.release(name)
+                continue
+            taken = []
+            payload = self.segments.decode(payload, taken)
+            if taken:
+                self._send_frame(src, _ACK, taken)
+            return tag, payload
+
+    def _fill(self, src):
+        """Read what src's pipe holds now, without waiting: True if something came, False
+        if nothing has, None if src's end is closed (it died)."""
+        buf, pos = self.inbuf[src], self.inpos[src]
+        if pos:
+            del buf[:pos]
+            self.inpos[src] = 0
+        try:
+            chunk = os.read(self.readers[src], READ_SIZE)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            return None
+        buf += chunk
+        return True
+
+    def _next(self, src):
+        while True:
+            frame = self._parse(src)
+            if frame is not None:
+                return (src,) + frame
+            got = self._fill(src)
+            if got is False and self.spin:
+                # Poll a little before sleeping: a wake-up through the kernel costs tens of µs.
+                until = time.perf_counter() + self.spin
+                while got is False and time.perf_counter() < until:
+                    got = self._fill(src)
+            if got is False:
+                self._wait(self.readers[src])
+            elif got is None:         # the sender died: the parent notices and stops this rank
+                self._wait(None)
+
+    def _wait(self, fd):
+        """Block until `fd` is readable (if given) or a backlogged pipe has room, writing
+        out backlogs meanwhile; give up after POLL seconds to check on the parent."""
+        poller = select.poll()
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+        for dst in self.pending:
+            poller.register(self.writers[dst], select.POLLOUT)
+        ready = poller.poll(POLL * 1000)
+        if not ready and os.getppid() != self.parent:
+            os._exit(70)              # orphaned: nobody will read our result
+        for ready_fd, _ in ready:
+            dst = self.dst_of.get(ready_fd)
+            if dst is not None and ready_fd != fd:
+                self._flush(dst)
+
+
+def _pin_to_own_core(rank: int, size: int) -> bool:
+    """Bind this process to one CPU of those it may use, a different one for each rank, when
+    there are enough (Linux); True if it is now bound."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    cpus = sorted(os.sched_getaffinity(0))
+    if size > len(cpus):
+        return False
+    try:
+        os.sched_setaffinity(0, {cpus[rank]})
+    except OSError:
+        return False
+    return True
+
+
+# --- BLAS threads -----------------------------------------------------------------------------
+
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads",
+                 "MKL_Set_Num_Threads", "bli_thread_set_num_threads")
+_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                 "openblas_get_num_threads64_", "openblas_get_num_threads",
+                 "MKL_Get_Max_Threads", "bli_thread_get_num_threads")
+
+
+def _blas_libraries() -> list:
+    """The BLAS libraries loaded in this process (Linux: from /proc/self/maps; elsewhere the
+    ones NumPy's wheel bundles)."""
+    paths = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) >= 6 and fields[5].startswith("/"):
+                    name = os.path.basename(fields[5]).lower()
+                    if any(key in name for key in ("blas", "mkl_rt", "blis")):
+                        paths.add(fields[5])
+    except OSError:
+        base = os.path.dirname(os.path.dirname(np.__file__))
+        for folder in (os.path.join(base, "numpy.libs"), os.path.join(np.__path__[0], ".dylibs")):
+            if os.path.isdir(folder):
+                paths.update(os.path.join(folder, name) for name in os.listdir(folder)
+                             if "blas" in name.lower())
+    libraries = []
+    for path in sorted(paths):
+        try:
+            libraries.append(ctypes.CDLL(path))
+        except OSError:
+            pass
+    return libraries
+
+
+def one_blas_thread() -> None:
+    """Make this process's BLAS use one thread (see the module docstring)."""
+    for var in _BLAS_VARS:
+        os.environ[var] = "1"
+    for library in _blas_libraries():
+        for name in _BLAS_SETTERS:
+            setter = getattr(library, name, None)
+            if setter is not None:
+                setter(1)
+                break
+
+
+def blas_threads() -> list[int]:
+    """Threads each loaded BLAS library uses (for tests; empty if none can be asked)."""
+    counts = []
+    for library in _blas_libraries():
+        for name in _BLAS_GETTERS:
+            getter = getattr(library, name, None)
+            if getter is not None:
+                counts.append(int(getter()))
+                break
+    return counts
+
+
+# --- the child --------------------------------------------------------------------------------
+
+def _child_main(rank, size, program, args, kwargs, channels, status_cells, created, result_conn,
+                record_trace, prefix):
+    one_blas_thread()
+    readers, writers = {}, {}
+    for (src, dst), (read_end, write_end) in channels.items():
+        if dst == rank:
+            write_end.close()
+            readers[src] = read_end
+        elif src == rank:
+            read_end.close()
+            writers[dst] = write_end
+        else:
+            read_end.close()
+            write_end.close()
+    for conn in itertools.chain(readers.values(), writers.values()):
+        os.set_blocking(conn.fileno(), False)
+    transport = PipeTransport(rank, Status(status_cells),
+                              {src: conn.fileno() for src, conn in readers.items()},
+                              {dst: conn.fileno() for dst, conn in writers.items()},
+                              Segments(prefix, rank, created))
+
+    try:
+        # The hellos of connect() are the common start: a rank is through them only when
+        # every rank has reached them (an all-to-all), so no separate barrier is needed.
+        outcome = drive(rank, size, program, args, kwargs, transport, record_trace)
+        # Protocol 5, as for messages: NumPy's older protocols lose a non-native byte order.
+        result_conn.send_bytes(pickle.dumps(("ok", outcome), protocol=5))
     except BaseException as error:   # report everything, including KeyboardInterrupt
-        result_conn.send(("error", f"{type(error).__name__}: {error}",
-                          traceback.format_exc()))
+        result_conn.send_bytes(pickle.dumps(("error",) + describe_exception(error), protocol=5))
+        return
     finally:
         result_conn.close()
+    # Reported; now deliver what is still queued for ranks that may yet receive it. The
+    # parent kills this process once every rank has reported.
+    transport.finish()
 
 
-def _describe_status(status, rank) -> str:
-    base = rank * _STATUS_FIELDS
-    state, peer, tag = status[base], status[base + 1], status[base + 2]
-    if state == _RECEIVING:
-        return f"rank {rank} waits for a message from rank {peer} (tag {tag})"
-    if state == _DONE:
-        return f"rank {rank} finished"
-    return f"rank {rank} is running its program (not waiting on a message)"
+# --- the parent -------------------------------------------------------------------------------
+
+def _reserve_descriptors(world_size: int) -> None:
+    """Each ordered pair of ranks has a pipe: 2·p·(p − 1) descriptors in the parent while the
+    children start. Raise the soft limit if that is needed and allowed."""
+    needed = 2 * world_size * (world_size - 1) + 4 * world_size + 256
+    try:
+        import resource
+    except ImportError:             # pragma: no cover - not on Linux or macOS
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        raise ValueError(f"engine='processes' with {world_size} ranks needs about {needed} "
+                         f"file descriptors (a pipe per pair of ranks); this system allows "
+                         f"{hard}. Use fewer ranks, or engine='sim'.")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+class _ChildEnvironment:
+    """One BLAS thread in the environment of spawned children (a forked child inherits the
+    parent's loaded BLAS and sets its threads itself)."""
+
+    def __init__(self, method):
+        self.method = method
+        self.saved = {}
+
+    def __enter__(self):
+        if self.method != "fork":
+            self.saved = {var: os.environ.get(var) for var in _BLAS_VARS}
+            os.environ.update(dict.fromkeys(_BLAS_VARS, "1"))
+        return self
+
+    def __exit__(self, *exc):
+        for var, value in self.saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = True,
@@ -169,24 +567,31 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    ctx = mp.get_context(start_method())
-    inboxes = [ctx.Queue() for _ in range(world_size)]
-    status = ctx.RawArray("q", world_size * _STATUS_FIELDS)
-    barrier = ctx.Barrier(world_size)
+    method = start_method()
+    ctx = mp.get_context(method)
+    _reserve_descriptors(world_size)
+    resource_tracker.ensure_running()   # one tracker, shared by every rank (see docstring)
+    prefix = f"{SHM_PREFIX}{os.getpid()}_{next(_run_ids)}_"
+    channels = {(src, dst): ctx.Pipe(duplex=False)
+                for src in range(world_size) for dst in range(world_size) if src != dst}
+    status_cells = ctx.RawArray("q", world_size * STATUS_FIELDS)
+    created = ctx.RawArray("q", world_size)
     deadline = time.monotonic() + timeout
     children, result_conns = [], []
     try:
-        for rank in range(world_size):
-            parent_end, child_end = ctx.Pipe(duplex=False)
-            child = ctx.Process(
-                target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
-                args=(rank, world_size, program, args, kwargs or {}, inboxes, status, barrier,
-                      child_end, trace, deadline))
-            child.start()
-            child_end.close()
-            children.append(child)
-            result_conns.append(parent_end)
-        results = _collect(children, result_conns, status, deadline, timeout)
+        with _ChildEnvironment(method):
+            for rank in range(world_size):
+                parent_end, child_end = ctx.Pipe(duplex=False)
+                child = ctx.Process(
+                    target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
+                    args=(rank, world_size, program, args, kwargs or {}, channels,
+                          status_cells, created, child_end, trace, prefix))
+                child.start()
+                child_end.close()
+                children.append(child)
+                result_conns.append(parent_end)
+        _close_channels(channels)      # the children hold their own ends now
+        outcomes = _collect(children, result_conns, Status(status_cells), deadline, timeout)
     finally:
         for child in children:
             if child.is_alive():
@@ -195,36 +600,27 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
             child.join(timeout=10)
         for conn in result_conns:
             conn.close()
-        for inbox in inboxes:
-            inbox.close()
-            inbox.cancel_join_thread()
-    _check_all_received(results)
-    starts = [r[2] for r in results]
-    ends = [r[3] for r in results]
-    t0 = min(starts)
-    records = None
-    if trace:
-        records = Trace()
-        for r in results:
-            for rank, op, start, end, src, dst, nbytes, tag in r[4]:
-                records.add(rank, op, start - t0, end - t0, src, dst, nbytes, tag)
-        records.rows.sort(key=lambda row: (row[3], row[0]))   # by end time, then rank
-    return RunResult(values=[r[1] for r in results], time=max(ends) - t0, trace=records,
-                     engine="processes", world_size=world_size,
-                     finish_times=[end - t0 for end in ends])
+        _close_channels(channels)
+        unlink_segments(prefix, created)
+    check_all_received(outcomes)
+    return make_result(outcomes, trace, "processes")
+
+
+def _close_channels(channels):
+    for read_end, write_end in channels.values():
+        read_end.close()
+        write_end.close()
 
 
 def _collect(children, result_conns, status, deadline, timeout):
     """Wait for every child's result; raise RankError naming the first failure."""
     world_size = len(children)
-    results = [None] * world_size
+    outcomes = [None] * world_size
     pending = set(range(world_size))
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            waiting = "\n  ".join(_describe_status(status, r) for r in range(world_size))
-            raise RankError(min(pending), f"(and {len(pending)} rank(s) in all) did not finish "
-                            f"within the timeout of {timeout:g} s:\n  {waiting}")
+            raise timed_out(pending, status, world_size, timeout)
         objects = {}
         for r in pending:
             objects[result_conns[r]] = r
@@ -239,18 +635,17 @@ def _collect(children, result_conns, status, deadline, timeout):
                     continue        # woken without a result from a live child: wait again
                 _raise_child_error(rank, children, result_conns)
             if message[0] == "error":
-                raise RankError(rank, f"failed: {message[1]}\n--- traceback of rank {rank} ---\n"
-                                f"{message[2]}")
-            results[rank] = message
+                raise rank_failed(rank, message[1], message[2])
+            outcomes[rank] = message[1]
             pending.discard(rank)
-    return results
+    return outcomes
 
 
 def _read_result(conn):
     """The child's result message, or None if there is none (nothing sent, or the child died
     and its end of the pipe closed: poll() is then true, but recv() raises EOFError)."""
     try:
-        return conn.recv() if conn.poll() else None
+        return pickle.loads(conn.recv_bytes()) if conn.poll() else None
     except (EOFError, OSError):
         return None
 
@@ -258,20 +653,7 @@ def _read_result(conn):
 def _raise_child_error(rank, children, result_conns):
     message = _read_result(result_conns[rank])
     if message is not None and message[0] == "error":
-        raise RankError(rank, f"failed: {message[1]}\n--- traceback of rank {rank} ---\n"
-                        f"{message[2]}")
+        raise rank_failed(rank, message[1], message[2])
     child = children[rank]
     child.join(timeout=1)
     raise RankError(rank, f"died (exit code {child.exitcode}) before returning a result")
-
-
-def _check_all_received(results) -> None:
-    """Every rank finished: compare what each sent to each peer with what that peer received,
-    as the simulator does, so that a message nobody received is an error on every engine."""
-    missing = [(src, dst, sent - results[dst][6][src])
-               for src, result in enumerate(results) for dst, sent in enumerate(result[5])
-               if sent > results[dst][6][src]]
-    if missing:
-        lines = "\n  ".join(f"rank {src} -> rank {dst}: {n} message(s)" for src, dst, n in missing)
-        raise RankError(missing[0][1], "finished without receiving messages sent to it "
-                        f"(mismatched peers or tags?):\n  {lines}")

@@ -6,7 +6,7 @@ import numbers
 from dsml.comm.api import Comm, RunResult, start_rank
 from dsml.comm.sim_engine import simulate
 
-ENGINES = ("sim", "processes")
+ENGINES = ("sim", "threads", "processes")
 
 
 def run(program, world_size: int, engine: str = "sim", network=None, args=(), kwargs=None,
@@ -14,9 +14,10 @@ def run(program, world_size: int, engine: str = "sim", network=None, args=(), kw
     """Run `program(comm, *args, **kwargs)` on `world_size` ranks and return a RunResult.
 
     engine "sim": the discrete-event simulator over `network` (e.g. dsml.net.AlphaBeta);
-    `time` is simulated seconds. engine "processes": one OS process per rank; `time` is
-    measured seconds from a common start (after all workers are up) to the last finish,
-    and `timeout` (s) bounds the run. `trace=False` skips recording (large runs).
+    `time` is simulated seconds. engine "threads": one thread per rank in this process;
+    engine "processes": one OS process per rank. On both, `time` is measured seconds from
+    a common start (after all ranks are up) to the last finish, and `timeout` (s) bounds
+    the run. `trace=False` skips recording (large runs).
     `max_events` (sim only) stops a simulation that would never end with an error.
     """
     if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool) \
@@ -36,5 +37,8 @@ def run(program, world_size: int, engine: str = "sim", network=None, args=(), kw
     if network is not None:
         raise ValueError(f"engine={engine!r} measures a real network; network= is only "
                          f"for engine='sim'")
+    if engine == "threads":
+        from dsml.comm.threads import run_threads
+        return run_threads(program, world_size, args, kwargs, trace, timeout)
     from dsml.comm.processes import run_processes
     return run_processes(program, world_size, args, kwargs, trace, timeout)
