@@ -1,6 +1,7 @@
 """Plumbing (hand-written): tests for the `processes` engine — real values, failures, clean-up.
 
-Real processes on a small CI machine: generous timeouts, and no assertion on speed.
+Real processes on a small CI machine: generous timeouts, and no assertion on speed. Tests of
+behaviour every real engine shares run on `threads` too (`REAL_ENGINES`).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from dsml import RankError, SizeOnly
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0          # a bound for runs that should succeed; never a speed claim
+REAL_ENGINES = ["processes", "threads"]
 
 
 def assert_no_children_left(pids):
@@ -74,19 +77,21 @@ def test_ping_pong_values():
     assert_no_children_left([child_pid])
 
 
+@pytest.mark.parametrize("engine", REAL_ENGINES)
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_ring_sendrecv_equals_numpy_roll(p):
+def test_ring_sendrecv_equals_numpy_roll(p, engine):
     rng = np.random.default_rng(p)
     data = rng.standard_normal((p, 7))
     rounds = p + 1
-    result = dsml.run(ring_shift, p, engine="processes", args=(list(data), rounds),
+    result = dsml.run(ring_shift, p, engine=engine, args=(list(data), rounds),
                       timeout=TIMEOUT)
     np.testing.assert_array_equal(np.stack(result.values), np.roll(data, rounds, axis=0))
 
 
-def test_time_and_trace_records_for_each_rank():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_time_and_trace_records_for_each_rank(engine):
     data = [np.full(3, float(r)) for r in range(3)]
-    result = dsml.run(ring_shift, 3, engine="processes", args=(data, 2), timeout=TIMEOUT)
+    result = dsml.run(ring_shift, 3, engine=engine, args=(data, 2), timeout=TIMEOUT)
     assert result.time > 0
     assert len(result.finish_times) == 3
     assert all(0 <= t <= result.time for t in result.finish_times)
@@ -102,12 +107,15 @@ def test_time_and_trace_records_for_each_rank():
     assert sum(e["ph"] == "M" for e in document["traceEvents"]) == 3
 
 
-def test_trace_off():
-    result = dsml.run(report_pid, 2, engine="processes", trace=False, timeout=TIMEOUT)
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_trace_off(engine):
+    result = dsml.run(report_pid, 2, engine=engine, trace=False, timeout=TIMEOUT)
     assert result.trace is None and result.time >= 0
+    assert result.engine == engine
 
 
-def test_tags_structured_payloads_and_size_only_travel_intact():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_tags_structured_payloads_and_size_only_travel_intact(engine):
     def mixed(comm):
         if comm.rank == 0:
             yield comm.send(1, {"version": 3, "grad": np.ones(4)}, tag=2)
@@ -119,14 +127,15 @@ def test_tags_structured_payloads_and_size_only_travel_intact():
         second = yield comm.recv(0, tag=2)
         return size_only, first, second
 
-    result = dsml.run(mixed, 2, engine="processes", timeout=TIMEOUT)
+    result = dsml.run(mixed, 2, engine=engine, timeout=TIMEOUT)
     size_only, first, second = result.values[1]
     assert size_only == SizeOnly(10_000)
     assert first["version"] == 3 and np.array_equal(first["grad"], np.ones(4))
     assert np.array_equal(second[0], np.arange(3)) and second[1:] == (1.5, None)
 
 
-def test_send_snapshot_on_real_processes():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_send_snapshot_on_real_processes(engine):
     def mutate(comm):
         if comm.rank == 0:
             x = np.zeros(5)
@@ -138,7 +147,7 @@ def test_send_snapshot_on_real_processes():
         b = yield comm.recv(0)
         return float(a.sum()), float(b.sum())
 
-    assert dsml.run(mutate, 2, engine="processes", timeout=TIMEOUT).values[1] == (0.0, 5.0)
+    assert dsml.run(mutate, 2, engine=engine, timeout=TIMEOUT).values[1] == (0.0, 5.0)
 
 
 def test_a_rank_program_defined_in_main_works():
@@ -263,7 +272,8 @@ def test_a_successful_run_leaves_no_process_behind():
     assert_no_children_left(pids)
 
 
-def test_a_non_request_is_reported_with_the_rank():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_a_non_request_is_reported_with_the_rank(engine):
     def yields_junk(comm):
         if comm.rank == 1:
             yield "send please"
@@ -271,8 +281,9 @@ def test_a_non_request_is_reported_with_the_rank():
 
     with pytest.raises(RankError, match=r"rank 1 failed: TypeError: yielded 'send please', "
                        r"which is not a request"):
-        dsml.run(yields_junk, 2, engine="processes", timeout=TIMEOUT)
+        dsml.run(yields_junk, 2, engine=engine, timeout=TIMEOUT)
     assert multiprocessing.active_children() == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("dsml-rank")]
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -314,12 +325,14 @@ def forgetful(comm):
         yield comm.recv(0)
 
 
-def test_a_message_never_received_is_an_error_on_processes_too():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_a_message_never_received_is_an_error_on_processes_too(engine):
     with pytest.raises(RankError, match=r"rank 1 finished without receiving"):
-        dsml.run(forgetful, 2, engine="processes", timeout=TIMEOUT)
+        dsml.run(forgetful, 2, engine=engine, timeout=TIMEOUT)
 
 
-def test_recv_trace_records_carry_the_message_size_like_on_sim():
+@pytest.mark.parametrize("engine", REAL_ENGINES)
+def test_recv_trace_records_carry_the_message_size_like_on_sim(engine):
     def one_way(comm):
         if comm.rank == 0:
             yield comm.send(1, np.zeros(100, np.uint8))
@@ -327,6 +340,6 @@ def test_recv_trace_records_carry_the_message_size_like_on_sim():
             yield comm.recv(0)
 
     sim = dsml.run(one_way, 2, network=dsml.net.AlphaBeta(1e-6, 1e-9))
-    real = dsml.run(one_way, 2, engine="processes", timeout=TIMEOUT)
+    real = dsml.run(one_way, 2, engine=engine, timeout=TIMEOUT)
     assert [(r.rank, r.op, r.nbytes) for r in sorted(sim.trace, key=lambda r: r.rank)] == \
            [(r.rank, r.op, r.nbytes) for r in sorted(real.trace, key=lambda r: r.rank)]

@@ -1,0 +1,293 @@
+"""Plumbing (hand-written): tests for the `processes` engine's data path — shared memory for large
+arrays, pipes for the rest: values intact, sends that never block, and nothing left behind (no
+segment in /dev/shm, no child, no resource-tracker warning) after success and every failure.
+
+Real processes on a small CI machine: generous timeouts, deterministic data, no speed claims.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dsml
+from dsml import RankError
+from dsml.comm import processes
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60.0
+MiB = 1 << 20
+HAVE_DEV_SHM = os.path.isdir("/dev/shm")
+
+
+def our_segments():
+    """Segments of runs started by this process (other processes may run their own)."""
+    if not HAVE_DEV_SHM:
+        return []
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getpid()}_"))
+
+
+def parents_segments():
+    """Called inside a rank: the segments of the run it belongs to (fork: parent = the run)."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getppid()}_")]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    assert our_segments() == []
+    yield
+    assert our_segments() == []
+    assert multiprocessing.active_children() == []
+
+
+def run(program, p, **kwargs):
+    kwargs.setdefault("timeout", TIMEOUT)
+    return dsml.run(program, p, engine="processes", **kwargs)
+
+
+# --- values --------------------------------------------------------------------------------------
+
+def payloads():
+    """Arrays around and above the threshold, of every kind of dtype, with awkward bits."""
+    rng = np.random.default_rng(0)
+    t = processes.SHM_THRESHOLD
+    weird = rng.standard_normal(t // 8 + 3)
+    weird[::7] = np.nan
+    weird[1] = -0.0
+    weird[2] = np.inf
+    structured = np.zeros(5000, dtype=[("a", "<i4"), ("b", "<f8", (2,))])
+    structured["a"] = np.arange(5000)
+    return {
+        "below threshold": rng.integers(0, 255, t - 1, dtype=np.uint8),
+        "at threshold": rng.integers(0, 255, t, dtype=np.uint8),
+        "float64 with nan, -0 and inf": weird,
+        "float32 3-d": rng.standard_normal((16, 32, 33)).astype(np.float32),
+        "int64": rng.integers(-2**62, 2**62, 100_000),
+        "complex128": rng.standard_normal(5000) + 1j * rng.standard_normal(5000),
+        "bool": rng.random(70_000) < 0.5,
+        "big-endian": np.arange(20_000, dtype=">i4"),
+        "structured": structured,
+        "fortran order": np.asfortranarray(rng.standard_normal((300, 200))),
+        "4 MiB": rng.standard_normal(MiB // 2),
+        "empty": np.zeros((0, 5)),
+    }
+
+
+def bounce(comm, payload):
+    """Rank 0 sends to 1, 1 returns it to 0: two trips through the engine."""
+    if comm.rank == 0:
+        yield comm.send(1, payload)
+        return (yield comm.recv(1))
+    got = yield comm.recv(0)
+    yield comm.send(0, got)
+    return None
+
+
+def same_bits(a, b):
+    return (type(a) is type(b) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape
+            and a.tobytes() == b.tobytes())
+
+
+@pytest.mark.parametrize("name", list(payloads()))
+def test_arrays_arrive_bit_identical(name):
+    x = payloads()[name]
+    back = run(bounce, 2, args=(x,)).values[0]
+    assert same_bits(back, x)
+
+
+def test_large_arrays_inside_structured_messages():
+    big, small = np.arange(MiB // 8, dtype=np.float64), np.arange(3)
+    message = {"step": 7, "grads": [big, small, (big[::2].copy(), 1.5)], "name": "w"}
+    back = run(bounce, 2, args=(message,)).values[0]
+    assert back["step"] == 7 and back["name"] == "w"
+    assert same_bits(back["grads"][0], big) and same_bits(back["grads"][1], small)
+    assert same_bits(back["grads"][2][0], big[::2].copy()) and back["grads"][2][1] == 1.5
+
+
+def test_large_arrays_really_go_through_shared_memory():
+    def look(comm):
+        if comm.rank == 0:
+            yield comm.send(1, np.ones(MiB))
+            return None
+        x = yield comm.recv(0)
+        return parents_segments(), float(x.sum())      # kept for reuse until the run ends
+
+    if not HAVE_DEV_SHM:
+        pytest.skip("no /dev/shm to look at")
+    before, total = run(look, 2).values[1]
+    assert total == MiB
+    assert len(before) == 1 and before[0].startswith(f"dsml_{os.getpid()}_")
+
+
+def ring(comm, n, rounds, seed):
+    rng = np.random.default_rng(seed + comm.rank)
+    x = rng.standard_normal(n)
+    mine = x.copy()
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(rounds):
+        x = yield comm.sendrecv(right, x, left)
+    return mine, x
+
+
+@pytest.mark.parametrize("p, n", [(2, MiB // 8), (3, 50_000), (4, 10_000)])
+def test_many_large_messages_reuse_segments_and_stay_intact(p, n):
+    rounds = 2 * p + 1
+    values = run(ring, p, args=(n, rounds, 3)).values
+    for rank, (_, final) in enumerate(values):
+        assert same_bits(final, values[(rank - rounds) % p][0])
+
+
+def test_sizes_that_change_from_message_to_message():
+    def growing(comm):
+        other, got = 1 - comm.rank, []
+        for i in range(12):
+            x = np.full(1000 * 2 ** (i % 7) + i, float(i))     # 1 KB ... 512 KB, not powers of 2
+            y = yield comm.sendrecv(other, x, other)
+            got.append(bool(np.array_equal(x, y)))
+        return all(got)
+
+    assert run(growing, 2).values == [True, True]
+
+
+# --- sends never block -------------------------------------------------------------------------
+
+def test_both_ranks_send_twenty_large_messages_before_receiving():
+    def both_send_first(comm):
+        other = 1 - comm.rank
+        for i in range(20):
+            yield comm.send(other, np.full(MiB // 8, float(100 * comm.rank + i)))   # 1 MiB
+        got = []
+        for _ in range(20):
+            x = yield comm.recv(other)
+            got.append(float(x[0]) if np.all(x == x[0]) else None)
+        return got
+
+    values = run(both_send_first, 2).values
+    assert values[0] == [100.0 + i for i in range(20)]
+    assert values[1] == [float(i) for i in range(20)]
+
+
+def test_both_ranks_send_more_small_messages_than_a_pipe_holds_before_receiving():
+    def flood(comm, count):
+        other = 1 - comm.rank
+        for i in range(count):
+            yield comm.send(other, np.full(128, i, dtype=np.int64))    # ~1.2 KB framed
+        total = 0
+        for i in range(count):
+            x = yield comm.recv(other)
+            total += int(x[0] == i)
+        return total
+
+    assert run(flood, 2, args=(1000,)).values == [1000, 1000]        # ~1.2 MB each way
+
+
+def test_what_a_finished_rank_still_has_queued_is_delivered():
+    def leaves_early(comm):
+        if comm.rank == 0:
+            for i in range(500):
+                yield comm.send(1, np.full(256, i, dtype=np.int32))     # more than a pipe holds
+            return "done"
+        for _ in range(3):
+            yield comm.compute(0.0)
+        import time
+        time.sleep(0.3)                    # rank 0 has returned by now
+        got = []
+        for _ in range(500):
+            got.append(int((yield comm.recv(0))[0]))
+        return got == list(range(500))
+
+    assert run(leaves_early, 2).values == ["done", True]
+
+
+# --- failures leave nothing behind ---------------------------------------------------------------
+
+def sends_big_then(comm, what):
+    """Rank 0 sends 1 MiB that rank 1 never takes; rank 1 then fails in the way asked."""
+    if comm.rank == 0:
+        yield comm.send(1, np.ones(MiB // 8), tag=3)
+        yield comm.send(1, np.ones(10), tag=4)
+        if what == "never received":
+            return None
+        yield comm.recv(1, tag=9)          # blocks until the engine stops this rank
+    yield comm.recv(0, tag=4)              # rank 0's big message is sent by now
+    if HAVE_DEV_SHM:
+        assert parents_segments(), "the big message should be waiting in shared memory"
+    if what == "raise":
+        raise ValueError("rank 1 gives up")
+    if what == "exit":
+        os._exit(5)
+    if what == "timeout":
+        yield comm.recv(0, tag=7)          # never sent
+    return None
+
+
+@pytest.mark.parametrize("what, pattern", [
+    ("raise", r"rank 1 failed: ValueError: rank 1 gives up"),
+    ("exit", r"rank 1 died \(exit code 5\)"),
+    ("timeout", r"did not finish within the timeout of 3 s"),
+    ("never received", r"rank 1 finished without receiving messages sent to it"),
+])
+def test_no_segment_is_left_after_a_failure(what, pattern):
+    with pytest.raises(RankError, match=pattern):
+        run(sends_big_then, 2, args=(what,), timeout=3 if what == "timeout" else TIMEOUT)
+    # the fixture checks /dev/shm and the children
+
+
+def test_without_a_listing_the_counted_names_are_unlinked(monkeypatch):
+    monkeypatch.setattr(processes, "SHM_DIR", "/nonexistent-shm-listing")
+    with pytest.raises(RankError, match=r"rank 1 failed: ValueError"):
+        run(sends_big_then, 2, args=("raise",))
+
+
+def test_no_resource_tracker_warning_after_success_and_every_failure():
+    code = textwrap.dedent("""
+        import numpy as np
+        import dsml
+        from tests.test_shm import ring, sends_big_then
+
+        result = dsml.run(ring, 3, engine="processes", args=(200_000, 7, 1), timeout=60)
+        print("ring ok", len(result.values))
+        for what, timeout in [("raise", 60), ("exit", 60), ("timeout", 3),
+                              ("never received", 60)]:
+            try:
+                dsml.run(sends_big_then, 2, engine="processes", args=(what,), timeout=timeout)
+            except dsml.RankError as error:
+                print("failed as expected:", what)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DSML_START_METHOD", None)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("failed as expected") == 4, done.stdout
+    assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr
+
+
+def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch):
+    monkeypatch.setenv("DSML_START_METHOD", "spawn")
+    values = run(ring, 2, args=(100_000, 3, 5)).values
+    assert same_bits(values[0][1], values[1][0])
+
+
+# --- one BLAS thread per child -------------------------------------------------------------------
+
+def test_children_run_blas_with_one_thread():
+    def report(comm):
+        yield comm.compute(0.0)
+        return processes.blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
+
+    before = processes.blas_threads()
+    values = run(report, 2).values
+    for counts, variable in values:
+        assert variable == "1"
+        assert all(n == 1 for n in counts)
+    assert processes.blas_threads() == before        # the parent's BLAS is left alone
+    if not values[0][0]:
+        pytest.skip("this NumPy's BLAS does not say how many threads it uses")
