@@ -148,6 +148,15 @@ class Compute(Request):
         return f"computes for {self.seconds} s"
 
 
+class Now(Request):
+    """Ask for the current time (s): simulated time on the simulator, seconds since the common
+    start on real engines. Lets a rank program time its own phases, as benchmarks do."""
+    __slots__ = ()
+
+    def describe(self):
+        return "reads the clock"
+
+
 class Combine(Request):
     """Charge the reduction of `nbytes` bytes (adding a received block into one's own): the
     simulator spends γ·nbytes, with γ (s/B) from the network model; real engines do nothing,
@@ -217,6 +226,10 @@ class Comm:
             raise ValueError(f"rank {self.rank}: compute seconds must be finite and ≥ 0, "
                              f"got {seconds}")
         return Compute(seconds)
+
+    def now(self) -> Now:
+        """Request: the current time in seconds (see Now)."""
+        return Now()
 
     def combine(self, nbytes: int) -> Combine:
         """Request: the cost of reducing `nbytes` bytes (γ·nbytes simulated; free for real)."""

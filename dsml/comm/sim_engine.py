@@ -1,7 +1,7 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
+from dsml.comm.api import Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
 from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Trace
 
 
@@ -28,7 +28,7 @@ class SimEngine:
         self.gamma = getattr(network, "gamma", 0.0)    # s/B charged by comm.combine
         self.handlers = {Send: self.on_send, Recv: self.on_recv,
                          SendRecv: self.on_sendrecv, Compute: self.on_compute,
-                         Combine: self.on_combine}
+                         Combine: self.on_combine, Now: self.on_now}
 
     def handle(self, process, request) -> None:
         try:
@@ -36,7 +36,7 @@ class SimEngine:
         except KeyError:
             raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
                             f"yield comm.send(...), comm.recv(...), comm.sendrecv(...), "
-                            f"comm.compute(...) or comm.combine(...)") from None
+                            f"comm.compute(...), comm.combine(...) or comm.now()") from None
         return handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
@@ -155,6 +155,11 @@ def on_compute(self, process, req):
 @add_to_class(SimEngine)
 def on_combine(self, process, req):
     return self.spend(process, "combine", req.nbytes * self.gamma, req.nbytes)
+
+
+@add_to_class(SimEngine)
+def on_now(self, process, req):
+    return self.sim.now                    # answered at once: reading the clock takes no time
 
 
 @add_to_class(SimEngine)

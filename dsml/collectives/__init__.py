@@ -1,0 +1,20 @@
+"""Plumbing (hand-written): dsml.collectives — broadcast, reduce, all-reduce, all-gather,
+reduce-scatter and all-to-all as rank programs (`yield from` them), with their cost models.
+
+Written and derived in notebooks/week2_collective_communication.ipynb; names follow
+torch.distributed and MPI.
+"""
+from dsml.collectives.allgather import ALLGATHER_ALGORITHMS, allgather
+from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
+from dsml.collectives.alltoall import alltoall
+from dsml.collectives.broadcast import BROADCAST_ALGORITHMS, broadcast
+from dsml.collectives.buffers import COLLECTIVE_TAG, OPS
+from dsml.collectives.cost import COLLECTIVE_ALGORITHMS, best_algorithm, cost
+from dsml.collectives.hierarchical import Group, allreduce_hierarchical
+from dsml.collectives.reduce import REDUCE_ALGORITHMS, reduce
+from dsml.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS, reduce_scatter
+
+__all__ = ["broadcast", "reduce", "allreduce", "allgather", "reduce_scatter", "alltoall",
+           "allreduce_hierarchical", "Group", "cost", "best_algorithm", "COLLECTIVE_ALGORITHMS",
+           "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS", "ALLREDUCE_ALGORITHMS",
+           "ALLGATHER_ALGORITHMS", "REDUCE_SCATTER_ALGORITHMS", "COLLECTIVE_TAG", "OPS"]

@@ -1,0 +1,100 @@
+"""Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+# imports repeated from earlier cells of the same notebook (added by the exporter)
+from dsml.comm.api import SizeOnly
+
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_blocks
+from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
+from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, empty_block, expect_like, flat, is_power_of_two, length, restore, split
+from dsml.collectives.reduce import reduce_binomial, reduce_naive
+from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
+
+
+# -- cell 32
+import numpy as np
+
+ALLREDUCE_ALGORITHMS = ("naive", "ring", "recursive_doubling", "halving_doubling", "tree")
+
+
+def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
+    """Every rank returns the elementwise reduction of all ranks' `x` (same shape and dtype
+    on every rank); op "mean" divides the sum by p. Every rank gets bit-identical results."""
+    check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
+    check_op(op, tuple(OPS) + ("mean",))
+    ufunc = OPS["sum" if op == "mean" else op]
+    data = copy(flat(x))
+    if comm.size > 1:
+        if algorithm == "naive":
+            data = yield from reduce_naive(comm, data, 0, ufunc)
+            data = yield from broadcast_naive(comm, data, 0)
+        elif algorithm == "tree":
+            data = yield from reduce_binomial(comm, data, 0, ufunc)
+            data = yield from broadcast_binomial(comm, data, 0)
+        elif algorithm == "ring":
+            blocks = split(data, block_sizes(length(data), comm.size))
+            mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
+            blocks = yield from allgather_ring_blocks(comm, mine, comm.rank,
+                                                      [length(b) for b in blocks])
+            data = concat(blocks)
+        elif algorithm == "recursive_doubling":
+            data = yield from allreduce_recursive_doubling(comm, data, ufunc)
+        else:
+            data = yield from allreduce_halving_doubling(comm, data, ufunc)
+    if op == "mean" and not isinstance(data, SizeOnly):
+        data = data / comm.size
+    return restore(data, x)
+
+
+# -- cell 33
+def allreduce_recursive_doubling(comm, data, ufunc):
+    """lg p rounds; in round i exchange the whole vector with rank r XOR 2^i and add.
+    Other p: fold_in first, send the result back to the ranks that sat out."""
+    p = comm.size
+    blocks = [data]
+    new = yield from fold_in(comm, blocks, ufunc, "allreduce")
+    p2 = 1 << (p.bit_length() - 1)
+    if new is not None:
+        mask = 1
+        while mask < p2:
+            peer = real_rank(new ^ mask, p)
+            got = yield comm.sendrecv(peer, blocks[0], peer, COLLECTIVE_TAG)
+            got = expect_like(got, blocks[0], peer, comm, "allreduce")
+            yield comm.combine(got.nbytes)
+            blocks[0] = combine(blocks[0], got, ufunc)
+            mask <<= 1
+    return (yield from fold_out(comm, blocks[0], "allreduce"))
+
+
+def allreduce_halving_doubling(comm, data, ufunc):
+    """Rabenseifner: reduce-scatter by recursive halving, then all-gather by recursive
+    doubling — the bandwidth of the ring in only 2 lg p steps (p a power of two)."""
+    p = comm.size
+    sizes = block_sizes(length(data), p)
+    blocks = split(data, sizes)
+    mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
+    if is_power_of_two(p):
+        gathered = yield from allgather_doubling_blocks(comm, mine, sizes)
+    else:
+        gathered = yield from allgather_bruck_blocks(comm, mine, sizes)
+    return concat(gathered)
+
+
+def allgather_doubling_blocks(comm, mine, sizes):
+    """Recursive doubling all-gather for p a power of two: in round i exchange all blocks
+    gathered so far with rank r XOR 2^i (the reverse of recursive halving)."""
+    p, r = comm.size, comm.rank
+    blocks = [None] * p
+    blocks[r] = mine
+    lo, hi = r, r + 1
+    mask = 1
+    while mask < p:
+        peer = r ^ mask
+        peer_lo, peer_hi = (lo + mask, hi + mask) if peer > r else (lo - mask, hi - mask)
+        got = yield comm.sendrecv(peer, concat(blocks[lo:hi]), peer, COLLECTIVE_TAG)
+        got = expect_like(got, empty_block(mine, sum(sizes[peer_lo:peer_hi])), peer, comm,
+                          "allgather")
+        blocks[peer_lo:peer_hi] = split(got, sizes[peer_lo:peer_hi])
+        lo, hi = min(lo, peer_lo), max(hi, peer_hi)
+        mask <<= 1
+    return blocks

@@ -1,0 +1,133 @@
+"""Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_like, flat, length, split
+
+
+# -- cell 26
+import numpy as np
+
+REDUCE_SCATTER_ALGORITHMS = ("ring", "recursive_halving")
+
+
+def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
+    """Reduce `x` elementwise over all ranks and return this rank's block of the result,
+    blocks cut as np.array_split(result, p) cuts them (along axis 0)."""
+    check_algorithm("reduce_scatter", algorithm, REDUCE_SCATTER_ALGORITHMS)
+    ufunc = OPS[check_op(op)]
+    data = flat(x)
+    row = int(np.prod(x.shape[1:])) if isinstance(x, np.ndarray) and x.ndim > 1 else 1
+    rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim else length(data)
+    sizes = [s * row for s in block_sizes(rows, comm.size)]
+    blocks = split(copy(data), sizes)
+    if algorithm == "ring":
+        mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
+    else:
+        mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
+    if isinstance(x, np.ndarray) and x.ndim > 1:
+        mine = mine.reshape((-1,) + x.shape[1:])
+    return mine
+
+
+def reduce_scatter_ring_blocks(comm, blocks, ufunc):
+    """Ring reduce-scatter: in step s rank r passes its running sum of block (r − s − 1) to
+    the right and adds the running sum of block (r − s − 2) it receives from the left. After
+    p − 1 steps block r has collected every rank's contribution — on rank r."""
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for step in range(p - 1):
+        send_index, recv_index = (r - step - 1) % p, (r - step - 2) % p
+        got = yield comm.sendrecv(right, blocks[send_index], left, COLLECTIVE_TAG)
+        mine = blocks[recv_index]
+        got = expect_like(got, mine, left, comm, "reduce_scatter")
+        yield comm.combine(got.nbytes)
+        blocks[recv_index] = combine(mine, got, ufunc)
+    return blocks[r]
+
+
+# -- cell 27
+def fold_in(comm, blocks, ufunc, what):
+    """For p not a power of two, fold the first 2·rem ranks in pairs (rem = p − 2^⌊lg p⌋):
+    the even one hands all its data to the odd one, which adds it and stays in. Returns this
+    rank's index among the 2^⌊lg p⌋ ranks that go on, or None if it sits out."""
+    p, r = comm.size, comm.rank
+    p2 = 1 << (p.bit_length() - 1)
+    rem = p - p2
+    if r < 2 * rem:
+        if r % 2 == 0:
+            yield comm.send(r + 1, concat(blocks), COLLECTIVE_TAG)
+            return None
+        got = yield comm.recv(r - 1, COLLECTIVE_TAG)
+        got = expect_like(got, concat(blocks), r - 1, comm, what)
+        yield comm.combine(got.nbytes)
+        theirs = split(got, [length(b) for b in blocks])
+        blocks[:] = [combine(b, t, ufunc) for b, t in zip(blocks, theirs)]
+        return r // 2
+    return r - rem
+
+
+def fold_out(comm, data, what):
+    """Undo fold_in: each odd rank of a folded pair sends the result to its even partner."""
+    p, r = comm.size, comm.rank
+    rem = p - (1 << (p.bit_length() - 1))
+    if r < 2 * rem:
+        if r % 2 == 1:
+            yield comm.send(r - 1, data, COLLECTIVE_TAG)
+        else:
+            got = yield comm.recv(r + 1, COLLECTIVE_TAG)
+            data = expect_like(got, data, r + 1, comm, what)
+    return data
+
+
+def real_rank(new_rank, p):
+    """The rank that plays `new_rank` among the 2^⌊lg p⌋ ranks left after fold_in."""
+    rem = p - (1 << (p.bit_length() - 1))
+    return 2 * new_rank + 1 if new_rank < rem else new_rank + rem
+
+
+def owners(new_rank, p):
+    """The ranks whose blocks the rank playing `new_rank` is responsible for after fold_in."""
+    r = real_rank(new_rank, p)
+    rem = p - (1 << (p.bit_length() - 1))
+    return [r - 1, r] if new_rank < rem else [r]
+
+
+# -- cell 28
+def reduce_scatter_halving_blocks(comm, blocks, ufunc):
+    """Recursive halving: with 2^k ranks, in round i exchange half of the blocks still in
+    play with the partner 2^(k−i) away — keep your half, send theirs, add what comes back —
+    so the data shrinks by half each round. Other p: fold_in first, hand out blocks after."""
+    p = comm.size
+    new = yield from fold_in(comm, blocks, ufunc, "reduce_scatter")
+    p2 = 1 << (p.bit_length() - 1)
+    if new is not None:
+        # Group the p blocks by which of the p2 ranks will own them.
+        groups = [owners(v, p) for v in range(p2)]
+        lo, hi = 0, p2                      # the range of groups still in play
+        mask = p2 >> 1
+        while mask:
+            partner = new ^ mask
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if new < partner else ((mid, hi), (lo, mid))
+            send_ids = [b for g in range(*give) for b in groups[g]]
+            keep_ids = [b for g in range(*keep) for b in groups[g]]
+            peer = real_rank(partner, p)
+            got = yield comm.sendrecv(peer, concat([blocks[b] for b in send_ids]), peer,
+                                      COLLECTIVE_TAG)
+            got = expect_like(got, concat([blocks[b] for b in keep_ids]), peer, comm,
+                              "reduce_scatter")
+            yield comm.combine(got.nbytes)
+            theirs = split(got, [length(blocks[b]) for b in keep_ids])
+            for b, t in zip(keep_ids, theirs):
+                blocks[b] = combine(blocks[b], t, ufunc)
+            lo, hi = keep
+            mask >>= 1
+    # Unfold: the odd rank of a folded pair gives its partner the partner's block.
+    r, rem = comm.rank, p - p2
+    if r < 2 * rem:
+        if r % 2 == 1:
+            yield comm.send(r - 1, blocks[r - 1], COLLECTIVE_TAG)
+        else:
+            got = yield comm.recv(r + 1, COLLECTIVE_TAG)
+            blocks[r] = expect_like(got, blocks[r], r + 1, comm, "reduce_scatter")
+    return blocks[r]
