@@ -217,6 +217,8 @@ class Comm:
         if not (type(dst) is int and type(src) is int and type(tag) is int and tag >= 0
                 and 0 <= dst < size and 0 <= src < size and dst != rank and src != rank):
             dst, src, tag = self._peer(dst, "dst"), self._peer(src, "src"), self._tag(tag)
+        if type(payload) is SizeOnly:                 # immutable: no snapshot needed
+            return SendRecv(dst, payload, src, tag, payload.nbytes)
         return SendRecv(dst, snapshot(payload), src, tag, payload_nbytes(payload))
 
     def compute(self, seconds: float) -> Compute:

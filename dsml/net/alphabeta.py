@@ -3,6 +3,7 @@
 
 # -- cell 36
 import math
+from heapq import heappush
 
 
 def check_time_parameter(name: str, value: float) -> float:
@@ -49,7 +50,9 @@ class AlphaBeta:
         self.out_free[src] = end
         self.in_free[dst] = end
         # Both happen at `end`: one event does both (deliver first, then release the sender).
-        sim.at(end, self._complete, (on_sent, on_delivered, message))
+        # (sim.at inlined, once per message: end ≥ now by construction.)
+        heappush(sim._heap, (end, next(sim._sequence), self._complete,
+                             (on_sent, on_delivered, message)))
 
     @staticmethod
     def _complete(event) -> None:

@@ -34,4 +34,11 @@ def fit_alpha_beta(sizes, times) -> tuple[float, float]:
     weights = 1.0 / times
     design = np.column_stack([np.ones_like(sizes), sizes]) * weights[:, None]
     (alpha, beta), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
+    if alpha < 0 or beta < 0:
+        # Noisy timings can tip the fit below zero, which no network does. The least-squares
+        # optimum with α, β ≥ 0 then lies on an edge: one of them 0, the other fitted alone.
+        target = times * weights
+        edges = [(0.0, target @ design[:, 1] / (design[:, 1] @ design[:, 1])),
+                 (target @ design[:, 0] / (design[:, 0] @ design[:, 0]), 0.0)]
+        alpha, beta = min(edges, key=lambda ab: np.sum((design @ np.array(ab) - target)**2))
     return float(alpha), float(beta)
