@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, check_algorithm, concat, empty_block, expect_like, flat, length, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, check_algorithm, concat, expect_block, flat, length, split
 
 
 # -- cell 18
@@ -38,8 +38,7 @@ def allgather_ring_blocks(comm, mine, index, sizes, root=0):
     for step in range(p - 1):
         send_index, recv_index = (index - step) % p, (index - step - 1) % p
         got = yield comm.sendrecv(right, blocks[send_index], left, COLLECTIVE_TAG)
-        blocks[recv_index] = expect_like(got, empty_block(mine, sizes[recv_index]), left, comm,
-                                         "allgather")
+        blocks[recv_index] = expect_block(got, mine, sizes[recv_index], left, comm, "allgather")
     return blocks
 
 
@@ -56,7 +55,7 @@ def allgather_bruck_blocks(comm, mine, sizes):
         outgoing = concat(have[:count])
         incoming_sizes = [sizes[(src + i) % p] for i in range(count)]
         got = yield comm.sendrecv(dst, outgoing, src, COLLECTIVE_TAG)
-        got = expect_like(got, empty_block(mine, sum(incoming_sizes)), src, comm, "allgather")
+        got = expect_block(got, mine, sum(incoming_sizes), src, comm, "allgather")
         have.extend(split(got, incoming_sizes))
         distance *= 2
     # have[i] is the block of rank (rank + i) mod p: rotate into rank order.

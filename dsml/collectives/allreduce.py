@@ -6,7 +6,7 @@ from dsml.comm.api import SizeOnly
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_blocks
 from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
-from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, empty_block, expect_like, flat, is_power_of_two, length, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_block, expect_like, flat, is_power_of_two, length, restore, split
 from dsml.collectives.reduce import reduce_binomial, reduce_naive
 from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
 
@@ -92,8 +92,7 @@ def allgather_doubling_blocks(comm, mine, sizes):
         peer = r ^ mask
         peer_lo, peer_hi = (lo + mask, hi + mask) if peer > r else (lo - mask, hi - mask)
         got = yield comm.sendrecv(peer, concat(blocks[lo:hi]), peer, COLLECTIVE_TAG)
-        got = expect_like(got, empty_block(mine, sum(sizes[peer_lo:peer_hi])), peer, comm,
-                          "allgather")
+        got = expect_block(got, mine, sum(sizes[peer_lo:peer_hi]), peer, comm, "allgather")
         blocks[peer_lo:peer_hi] = split(got, sizes[peer_lo:peer_hi])
         lo, hi = min(lo, peer_lo), max(hi, peer_hi)
         mask <<= 1

@@ -131,3 +131,16 @@ def expect_like(got, expected, src, comm, what: str):
                          f"expected {wanted}; every rank must pass arrays of the same shape "
                          f"and dtype")
     return got
+
+
+def expect_block(got, like, count, src, comm, what: str):
+    """expect_like for a block of `count` elements of the flat buffer `like`, without
+    allocating an empty block to compare with (all-gather checks one per step)."""
+    kind = type(got)
+    if kind is type(like):
+        if kind is SizeOnly:
+            if got.nbytes == count:
+                return got
+        elif got.shape == (count,) and got.dtype == like.dtype:
+            return got
+    return expect_like(got, empty_block(like, count), src, comm, what)

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, check_root, combine, concat, copy, empty_block, expect_like, flat, length, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, check_root, combine, concat, copy, expect_block, expect_like, flat, length, restore, split
 from dsml.collectives.reduce_scatter import reduce_scatter_halving_blocks
 
 
@@ -85,7 +85,7 @@ def gather_binomial_blocks(comm, mine, sizes, root):
             ids = [(child + i + root) % p for i in range(count)]
             src = (child + root) % p
             got = yield comm.recv(src, COLLECTIVE_TAG)
-            got = expect_like(got, empty_block(mine, sum(sizes[b] for b in ids)), src, comm, "reduce")
+            got = expect_block(got, mine, sum(sizes[b] for b in ids), src, comm, "reduce")
             held.extend(split(got, [sizes[b] for b in ids]))
         mask <<= 1
     if vrank != 0:

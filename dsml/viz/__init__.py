@@ -3,9 +3,12 @@
 The same rank has the same colour in every figure (`rank_color`), operations have fixed
 colours (`OP_COLORS`), and `timeline` draws any trace (simulated or measured) as a Gantt
 chart, one row per rank. `draw_topology` draws a dsml.net.Topology with its hosts and
-switches told apart.
+switches told apart. `size_label` and `size_axis` write byte counts the way the course
+speaks of them (8 B, 4 KiB, 64 MiB, 1 GiB).
 """
 from __future__ import annotations
+
+import math
 
 import matplotlib.pyplot as plt
 import networkx as nx
@@ -30,6 +33,29 @@ def use_style() -> None:
         "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
         "axes.prop_cycle": plt.cycler(color=PALETTE),
     })
+
+
+def size_label(nbytes: float) -> str:
+    """A byte count in binary units: 8 B, 1.5 KiB, 64 MiB, 1 GiB."""
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def size_axis(ax, axis: str = "x", max_ticks: int = 8) -> None:
+    """Put ticks at powers of two on a log-scaled size axis, labelled by `size_label`.
+
+    Call it after plotting (it reads the axis limits). The step between ticks is 1, 2, 5 or
+    10 doublings, the smallest that keeps at most `max_ticks` ticks, so that the
+    labels land on whole units (1 KiB, 1 MiB, ...) when the range is wide."""
+    low, high = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    first, last = math.ceil(math.log2(low)), math.floor(math.log2(high))
+    step = next((s for s in (1, 2, 5, 10, 20) if (last - first) // s + 1 <= max_ticks), 30)
+    ticks = [2.0**k for k in range(first, last + 1) if k % step == 0]
+    setter = ax.set_xticks if axis == "x" else ax.set_yticks
+    setter(ticks, [size_label(t) for t in ticks])
+    setter([], minor=True)
 
 
 def _time_scale(span: float) -> tuple[float, str]:
