@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, check_algorithm, concat, expect_block, flat, length, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, check_algorithm, concat, expect_block, flat, length, mismatch_in, split
 
 
 # -- cell 18
@@ -16,10 +16,13 @@ def allgather(comm, x, algorithm: str = "ring"):
     check_algorithm("allgather", algorithm, ALLGATHER_ALGORITHMS)
     mine = flat(x)
     sizes = [length(mine)] * comm.size
-    if algorithm == "ring":
-        blocks = yield from allgather_ring_blocks(comm, mine, comm.rank, sizes)
-    else:
-        blocks = yield from allgather_bruck_blocks(comm, mine, sizes)
+    try:
+        if algorithm == "ring":
+            blocks = yield from allgather_ring_blocks(comm, mine, comm.rank, sizes)
+        else:
+            blocks = yield from allgather_bruck_blocks(comm, mine, sizes)
+    except MismatchError as error:
+        raise mismatch_in("allgather", comm, x, error) from None
     out = concat(blocks)
     if isinstance(x, np.ndarray):
         out = out.reshape((comm.size * x.shape[0],) + x.shape[1:]) if x.ndim else out

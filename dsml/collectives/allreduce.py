@@ -6,7 +6,7 @@ from dsml.comm.api import SizeOnly
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_blocks
 from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
-from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_block, expect_like, flat, is_power_of_two, length, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_block, expect_like, flat, is_power_of_two, length, mismatch_in, restore, split
 from dsml.collectives.reduce import reduce_binomial, reduce_naive
 from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
 
@@ -24,23 +24,26 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
     check_op(op, tuple(OPS) + ("mean",))
     ufunc = OPS["sum" if op == "mean" else op]
     data = copy(flat(x))
-    if comm.size > 1:
-        if algorithm == "naive":
-            data = yield from reduce_naive(comm, data, 0, ufunc)
-            data = yield from broadcast_naive(comm, data, 0)
-        elif algorithm == "tree":
-            data = yield from reduce_binomial(comm, data, 0, ufunc)
-            data = yield from broadcast_binomial(comm, data, 0)
-        elif algorithm == "ring":
-            blocks = split(data, block_sizes(length(data), comm.size))
-            mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
-            blocks = yield from allgather_ring_blocks(comm, mine, comm.rank,
-                                                      [length(b) for b in blocks])
-            data = concat(blocks)
-        elif algorithm == "recursive_doubling":
-            data = yield from allreduce_recursive_doubling(comm, data, ufunc)
-        else:
-            data = yield from allreduce_halving_doubling(comm, data, ufunc)
+    try:
+        if comm.size > 1:
+            if algorithm == "naive":
+                data = yield from reduce_naive(comm, data, 0, ufunc)
+                data = yield from broadcast_naive(comm, data, 0)
+            elif algorithm == "tree":
+                data = yield from reduce_binomial(comm, data, 0, ufunc)
+                data = yield from broadcast_binomial(comm, data, 0)
+            elif algorithm == "ring":
+                blocks = split(data, block_sizes(length(data), comm.size))
+                mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
+                blocks = yield from allgather_ring_blocks(comm, mine, comm.rank,
+                                                          [length(b) for b in blocks])
+                data = concat(blocks)
+            elif algorithm == "recursive_doubling":
+                data = yield from allreduce_recursive_doubling(comm, data, ufunc)
+            else:
+                data = yield from allreduce_halving_doubling(comm, data, ufunc)
+    except MismatchError as error:
+        raise mismatch_in("allreduce", comm, x, error) from None
     if op == "mean" and not isinstance(data, SizeOnly):
         data = data / comm.size
     return restore(data, x)
@@ -61,7 +64,12 @@ def allreduce_recursive_doubling(comm, data, ufunc):
             got = yield comm.sendrecv(peer, blocks[0], peer, COLLECTIVE_TAG)
             got = expect_like(got, blocks[0], peer, comm, "allreduce")
             yield comm.combine(got.nbytes)
-            blocks[0] = combine(blocks[0], got, ufunc)
+            # Lower rank's data first on both sides, so that the pair forms the same bits
+            # (max(+0.0, −0.0) depends on the order of its operands).
+            if comm.rank < peer:
+                blocks[0] = combine(blocks[0], got, ufunc)
+            else:
+                blocks[0] = combine(got, blocks[0], ufunc)
             mask <<= 1
     return (yield from fold_out(comm, blocks[0], "allreduce"))
 

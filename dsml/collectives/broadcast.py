@@ -2,7 +2,7 @@
 
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.collectives.allgather import allgather_ring_blocks
-from dsml.collectives.buffers import COLLECTIVE_TAG, block_sizes, check_algorithm, check_root, concat, expect_like, flat, length, piece, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, block_sizes, check_algorithm, check_root, concat, expect_like, flat, length, mismatch_in, piece, restore, split
 
 
 # -- cell 12
@@ -18,15 +18,18 @@ def broadcast(comm, x, root: int = 0, algorithm: str = "binomial", chunks: int =
     check_algorithm("broadcast", algorithm, BROADCAST_ALGORITHMS)
     root = check_root(comm, root)
     data = flat(x)
-    if comm.size > 1:
-        if algorithm == "naive":
-            data = yield from broadcast_naive(comm, data, root)
-        elif algorithm == "binomial":
-            data = yield from broadcast_binomial(comm, data, root)
-        elif algorithm == "scatter_allgather":
-            data = yield from broadcast_scatter_allgather(comm, data, root)
-        else:
-            data = yield from broadcast_chain(comm, data, root, chunks)
+    try:
+        if comm.size > 1:
+            if algorithm == "naive":
+                data = yield from broadcast_naive(comm, data, root)
+            elif algorithm == "binomial":
+                data = yield from broadcast_binomial(comm, data, root)
+            elif algorithm == "scatter_allgather":
+                data = yield from broadcast_scatter_allgather(comm, data, root)
+            else:
+                data = yield from broadcast_chain(comm, data, root, chunks)
+    except MismatchError as error:
+        raise mismatch_in("broadcast", comm, x, error) from None
     return restore(data, x)
 
 

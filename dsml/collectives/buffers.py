@@ -3,6 +3,7 @@
 
 # -- cell 7
 import math
+import numbers
 
 import numpy as np
 
@@ -29,9 +30,10 @@ def check_algorithm(operation: str, algorithm: str, algorithms) -> str:
 
 
 def check_root(comm, root) -> int:
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < comm.size:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral) \
+            or not 0 <= root < comm.size:
         raise ValueError(f"root must be a rank in 0..{comm.size - 1}, got {root!r}")
-    return root
+    return int(root)
 
 
 def is_power_of_two(p: int) -> bool:
@@ -106,6 +108,18 @@ def combine(mine, theirs, ufunc):
     return ufunc(mine, theirs)
 
 
+class MismatchError(ValueError):
+    """Ranks passed buffers of different sizes or dtypes to one collective."""
+
+
+def mismatch_in(operation: str, comm, x, error) -> MismatchError:
+    """The error a collective raises on a mismatch: it names the collective, this rank and
+    what it passed, and keeps the failed step's message (who sent what, what was expected)."""
+    passed = f"shape {x.shape} {x.dtype}" if isinstance(x, np.ndarray) else repr(x)
+    return MismatchError(f"{operation}: rank {comm.rank} passed {passed}, which does not "
+                         f"match another rank's ({error})")
+
+
 def expect_like(got, expected, src, comm, what: str):
     """Check that a block from `src` has the size and dtype this rank expects: every rank
     must pass arrays of the same shape and dtype. Checked on arrival, so it costs no time."""
@@ -127,7 +141,7 @@ def expect_like(got, expected, src, comm, what: str):
                      else type(got).__name__)
         wanted = f"shape {expected.shape} {expected.dtype}"
     if not same:
-        raise ValueError(f"{what}: rank {comm.rank} received {described} from rank {src}, "
+        raise MismatchError(f"{what}: rank {comm.rank} received {described} from rank {src}, "
                          f"expected {wanted}; every rank must pass arrays of the same shape "
                          f"and dtype")
     return got

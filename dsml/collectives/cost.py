@@ -31,6 +31,8 @@ def cost(op: str, algorithm: str, p: int, nbytes: float, alpha: float, beta: flo
     check_algorithm(op, algorithm, COLLECTIVE_ALGORITHMS[op])
     if isinstance(p, bool) or not isinstance(p, int) or p < 1:
         raise ValueError(f"p must be an integer ≥ 1, got {p!r}")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be an integer ≥ 1, got {chunks!r}")
     for name, value in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta), ("gamma", gamma)):
         if not (value >= 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, check_root, combine, concat, copy, expect_block, expect_like, flat, length, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, check_root, combine, concat, copy, expect_block, expect_like, flat, length, mismatch_in, restore, split
 from dsml.collectives.reduce_scatter import reduce_scatter_halving_blocks
 
 
@@ -17,13 +17,16 @@ def reduce(comm, x, root: int = 0, op: str = "sum", algorithm: str = "binomial")
     root = check_root(comm, root)
     ufunc = OPS[check_op(op)]
     data = copy(flat(x))
-    if comm.size > 1:
-        if algorithm == "naive":
-            data = yield from reduce_naive(comm, data, root, ufunc)
-        elif algorithm == "binomial":
-            data = yield from reduce_binomial(comm, data, root, ufunc)
-        else:
-            data = yield from reduce_rabenseifner(comm, data, root, ufunc)
+    try:
+        if comm.size > 1:
+            if algorithm == "naive":
+                data = yield from reduce_naive(comm, data, root, ufunc)
+            elif algorithm == "binomial":
+                data = yield from reduce_binomial(comm, data, root, ufunc)
+            else:
+                data = yield from reduce_rabenseifner(comm, data, root, ufunc)
+    except MismatchError as error:
+        raise mismatch_in("reduce", comm, x, error) from None
     return restore(data, x) if comm.rank == root else None
 
 

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_like, flat, length, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_like, flat, length, mismatch_in, split
 
 
 # -- cell 26
@@ -20,10 +20,13 @@ def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
     rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim else length(data)
     sizes = [s * row for s in block_sizes(rows, comm.size)]
     blocks = split(copy(data), sizes)
-    if algorithm == "ring":
-        mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
-    else:
-        mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
+    try:
+        if algorithm == "ring":
+            mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
+        else:
+            mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
+    except MismatchError as error:
+        raise mismatch_in("reduce_scatter", comm, x, error) from None
     if isinstance(x, np.ndarray) and x.ndim > 1:
         mine = mine.reshape((-1,) + x.shape[1:])
     return mine
