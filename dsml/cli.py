@@ -79,8 +79,12 @@ def pingpong(args) -> int:
         times.append(t)
         print(f"{n:>12d} {t * 1e6:>14.2f} {n / t / 1e6:>18.2f}")
     alpha, beta = fit_alpha_beta(sizes, times)
-    print(f"# fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B "
-          f"(peak {1 / beta / 1e9:.3f} GB/s), n_half = {half_performance_size(alpha, beta):.0f} B")
+    if beta > 0:
+        shape = (f"(peak {1 / beta / 1e9:.3f} GB/s), "
+                 f"n_half = {half_performance_size(alpha, beta):.0f} B")
+    else:   # the fit holds β at 0 when noise would make it negative: no finite peak
+        shape = "(no size dependence resolved: widen the size range or add repeats)"
+    print(f"# fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B {shape}")
     return 0
 
 
