@@ -142,8 +142,8 @@ def expect_like(got, expected, src, comm, what: str):
         wanted = f"shape {expected.shape} {expected.dtype}"
     if not same:
         raise MismatchError(f"{what}: rank {comm.rank} received {described} from rank {src}, "
-                         f"expected {wanted}; every rank must pass arrays of the same shape "
-                         f"and dtype")
+                            f"expected {wanted}; every rank must pass arrays of the same "
+                            f"shape and dtype")
     return got
 
 
