@@ -1,24 +1,18 @@
 """Tests for the exercise harness and week 1's checkers: each reference solution passes,
 each named plausible mistake fails, untouched stubs are "not attempted", and a learner's
-crash or deadlock becomes a ✗ instead of an exception."""
+crash or deadlock becomes a ✗ instead of an exception. The contract every week keeps is in
+exercise_contract; this module adds week 1's mistakes, hints and the harness itself."""
 from __future__ import annotations
 
-import ast
-import inspect
-import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import exercise_contract as contract
+from dsml.exercises import FAILED, PASSED, Grade, check, grade, known_ids
 
-import solutions.week1 as solution  # noqa: E402
-from dsml.exercises import (FAILED, NOT_ATTEMPTED, PASSED, Grade, check, checkers,  # noqa: E402
-                            grade, known_ids)
+solution = contract.solution_module(1)
+NOTEBOOK = contract.ROOT / "notebooks" / "week1_foundations_and_communication.ipynb"
 
 
 # --- plausible wrong answers, one named function per mistake --------------------------------
@@ -166,81 +160,72 @@ WRONG = {
     "1.9": [bisection_no_wraparound, bisection_half_hosts],
 }
 
-WEEK1 = [entry.exercise_id for entry in checkers(week=1)]
+WEEK1 = contract.exercise_ids(1)
+RANK_PROGRAMS = ["1.7"]     # the exercises whose answer is a rank program (a generator)
 
 
 def reference(exercise_id):
-    (name,) = next(e for e in checkers(week=1) if e.exercise_id == exercise_id).answer_names
-    return getattr(solution, name)
+    return contract.reference(1, exercise_id, solution)
 
 
-# --- the checkers ----------------------------------------------------------------------------
+# --- the contract every week keeps -------------------------------------------------------------
 
 def test_week1_has_nine_exercises():
-    assert WEEK1 == [f"1.{k}" for k in range(1, 10)]
-    assert set(WRONG) == set(WEEK1)
+    contract.assert_week_has_exercises(1, 9, WRONG)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK1)
 def test_reference_solution_passes(exercise_id):
-    result = grade(exercise_id, reference(exercise_id))
-    assert result.status == PASSED, result.line()
+    contract.assert_passes(exercise_id, reference(exercise_id))
 
 
-@pytest.mark.parametrize("exercise_id, wrong", [(i, f) for i, fs in WRONG.items() for f in fs],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("exercise_id, wrong", contract.answer_cases(WRONG),
+                         ids=contract.case_name)
 def test_named_mistake_fails(exercise_id, wrong):
-    result = grade(exercise_id, wrong)
-    assert result.status == FAILED, result.line()
-    assert "\n" not in result.message
-    assert len(result.message) > 40, "a hint should teach, not just say 'wrong'"
+    contract.assert_mistake_fails(exercise_id, wrong)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK1)
 def test_untouched_stub_is_not_attempted(exercise_id):
-    def stub(*args):
-        raise NotImplementedError  # your code here
-    result = grade(exercise_id, stub)
-    assert result.status == NOT_ATTEMPTED, result.line()
+    contract.assert_untouched_stub_is_not_attempted(exercise_id)
 
 
-def test_generator_stub_of_a_rank_program_is_not_attempted():
-    # A stub that is already a generator fails inside the simulator (a RankError);
-    # NotImplementedError in its cause still means "not attempted".
-    def ring_pass(comm, x, rounds):
-        raise NotImplementedError  # your code here
-        yield
-    assert grade("1.7", ring_pass).status == NOT_ATTEMPTED
+@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
+def test_generator_stub_of_a_rank_program_is_not_attempted(exercise_id):
+    contract.assert_generator_stub_is_not_attempted(exercise_id)
 
 
 @pytest.mark.parametrize("answer", [None, ...])
 def test_none_or_ellipsis_is_not_attempted(answer):
-    assert grade("1.4", answer).status == NOT_ATTEMPTED
+    contract.assert_is_not_attempted("1.4", answer)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK1)
 def test_learner_exception_is_failed_not_raised(exercise_id):
-    def buggy(*args):
-        return "n" + 1   # TypeError
-    result = grade(exercise_id, buggy)
-    assert result.status == FAILED
-    assert "TypeError" in result.message
+    contract.assert_learner_exception_is_failed(exercise_id)
 
+
+@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
+def test_rank_program_that_raises_is_failed(exercise_id):
+    contract.assert_crashed_rank_program_is_failed(exercise_id)
+
+
+def test_every_checker_has_a_solution_and_every_solution_a_checker():
+    contract.assert_solutions_match_checkers(1, solution)
+
+
+def test_no_stub_shadows_a_name_the_notebook_body_defines():
+    contract.assert_no_stub_shadows_the_body(
+        1, NOTEBOOK, {"pipelined_time", "ping_pong", "incast", "half_performance_size"})
+
+
+# --- week 1's hints --------------------------------------------------------------------------
 
 def test_learner_exception_message_names_the_error():
     def size_for_fraction(alpha, beta, fraction):
         return alpha / "beta"
     message = grade("1.1", size_for_fraction).message
     assert message.startswith("your code raised TypeError: unsupported operand")
-
-
-def test_rank_program_that_raises_is_failed():
-    def ring_pass(comm, x, rounds):
-        yield comm.send((comm.rank + 1) % comm.size, x)
-        raise IndexError("list index out of range")
-    result = grade("1.7", ring_pass)
-    assert result.status == FAILED
-    assert "IndexError" in result.message and "rank" in result.message
 
 
 def test_deadlock_hint_says_every_rank_receives_first():
@@ -381,48 +366,3 @@ def test_wrong_number_of_answers_is_failed():
 def test_known_ids_include_week1_in_order():
     ids = known_ids()
     assert ids[:9] == [f"1.{k}" for k in range(1, 10)]
-
-
-# --- solutions and checkers correspond one to one --------------------------------------------
-
-def test_every_checker_has_a_solution_and_every_solution_a_checker():
-    answer_names = {name for entry in checkers(week=1) for name in entry.answer_names}
-    solution_names = {name for name, value in vars(solution).items()
-                      if inspect.isfunction(value) and value.__module__ == solution.__name__
-                      and not name.startswith("_")}
-    assert answer_names - solution_names == set(), "checkers without a reference solution"
-    assert solution_names - answer_names == set(), "solutions without a checker"
-
-
-def body_definitions(notebook: Path) -> set[str]:
-    """Names bound at the top level of the notebook's code cells before its exercises."""
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    names = set()
-    for cell in cells:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and source.lstrip().startswith("## Exercises"):
-            break
-        if cell["cell_type"] != "code":
-            continue
-        # IPython magics and shell escapes are not Python; skip those lines.
-        code = "\n".join(line for line in source.splitlines()
-                         if not line.lstrip().startswith(("%", "!")))
-        for node in ast.parse(code).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-            else:
-                for target in ast.walk(node):
-                    if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
-                        names.add(target.id)
-    return names
-
-
-def test_no_stub_shadows_a_name_the_notebook_body_defines():
-    # Filling in a stub must not replace a function the notebook built and uses again.
-    notebook = ROOT / "notebooks" / "week1_foundations_and_communication.ipynb"
-    defined = body_definitions(notebook)
-    assert {"pipelined_time", "ping_pong", "incast", "half_performance_size"} <= defined
-    stubs = {name for entry in checkers(week=1) for name in entry.answer_names}
-    assert stubs & defined == set()

@@ -1,31 +1,23 @@
 """Tests for week 2's checkers: each reference solution passes, each named plausible mistake
 fails with a hint, untouched stubs are "not attempted", a learner's crash or deadlock becomes
-a ✗ instead of an exception, and the notebook's exercise cells match the checkers."""
+a ✗ instead of an exception, and the notebook's exercise cells match the checkers. The
+contract every week keeps is in exercise_contract; this module adds week 2's mistakes, other
+right answers, hints and cases."""
 from __future__ import annotations
 
-import ast
-import contextlib
-import inspect
-import io
-import json
 import math
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import exercise_contract as contract
+from dsml.collectives import allgather, allreduce, best_algorithm, cost
+from dsml.exercises import grade
 
-import solutions.week2 as solution  # noqa: E402
-from dsml.collectives import allgather, allreduce, best_algorithm, cost  # noqa: E402
-from dsml.exercises import FAILED, NOT_ATTEMPTED, PASSED, checkers, grade  # noqa: E402
-
-NOTEBOOK = ROOT / "notebooks" / "week2_collective_communication.ipynb"
-CELLS = ROOT / "build" / "week2_exercise_cells.py"
+solution = contract.solution_module(2)
+NOTEBOOK = contract.ROOT / "notebooks" / "week2_collective_communication.ipynb"
+CELLS = contract.ROOT / "build" / "week2_exercise_cells.py"
 
 
 # --- plausible wrong answers, one named function per mistake --------------------------------
@@ -412,92 +404,72 @@ RIGHT = {
     "2.7": [busbw_from_table],
 }
 
-WEEK2 = [entry.exercise_id for entry in checkers(week=2)]
+WEEK2 = contract.exercise_ids(2)
+RANK_PROGRAMS = ["2.1", "2.3", "2.4"]   # the exercises whose answer is a rank program
 
 
 def reference(exercise_id):
-    (name,) = next(e for e in checkers(week=2) if e.exercise_id == exercise_id).answer_names
-    return getattr(solution, name)
+    return contract.reference(2, exercise_id, solution)
 
 
-# --- the checkers ----------------------------------------------------------------------------
+# --- the contract every week keeps -------------------------------------------------------------
 
 def test_week2_has_eight_exercises():
-    assert WEEK2 == [f"2.{k}" for k in range(1, 9)]
-    assert set(WRONG) == set(WEEK2)
-    assert all(len(mistakes) >= 2 for mistakes in WRONG.values())
+    contract.assert_week_has_exercises(2, 8, WRONG)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK2)
 def test_reference_solution_passes(exercise_id):
-    result = grade(exercise_id, reference(exercise_id))
-    assert result.status == PASSED, result.line()
+    contract.assert_passes(exercise_id, reference(exercise_id))
 
 
-@pytest.mark.parametrize("exercise_id, wrong", [(i, f) for i, fs in WRONG.items() for f in fs],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("exercise_id, wrong", contract.answer_cases(WRONG),
+                         ids=contract.case_name)
 def test_named_mistake_fails(exercise_id, wrong):
-    result = grade(exercise_id, wrong)
-    assert result.status == FAILED, result.line()
-    assert "\n" not in result.message
-    assert len(result.message) > 60, "a hint should teach, not just say 'wrong'"
-    if wrong in HINT_WORDS:
-        assert HINT_WORDS[wrong] in result.message, result.message
+    contract.assert_mistake_fails(exercise_id, wrong, HINT_WORDS.get(wrong))
 
 
-@pytest.mark.parametrize("exercise_id, right", [(i, f) for i, fs in RIGHT.items() for f in fs],
-                         ids=lambda v: getattr(v, "__name__", v))
+@pytest.mark.parametrize("exercise_id, right", contract.answer_cases(RIGHT),
+                         ids=contract.case_name)
 def test_other_right_answer_passes(exercise_id, right):
-    result = grade(exercise_id, right)
-    assert result.status == PASSED, result.line()
+    contract.assert_passes(exercise_id, right)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK2)
 def test_untouched_stub_is_not_attempted(exercise_id):
-    def stub(*args):
-        raise NotImplementedError  # your code here
-    result = grade(exercise_id, stub)
-    assert result.status == NOT_ATTEMPTED, result.line()
+    contract.assert_untouched_stub_is_not_attempted(exercise_id)
 
 
-@pytest.mark.parametrize("exercise_id", ["2.1", "2.3", "2.4"])
+@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
 def test_generator_stub_of_a_rank_program_is_not_attempted(exercise_id):
-    def stub(comm, x):
-        raise NotImplementedError  # your code here
-        yield
-    assert grade(exercise_id, stub).status == NOT_ATTEMPTED
+    contract.assert_generator_stub_is_not_attempted(exercise_id)
 
 
 @pytest.mark.parametrize("answer", [None, ...])
 def test_none_or_ellipsis_is_not_attempted(answer):
-    assert grade("2.6", answer).status == NOT_ATTEMPTED
+    contract.assert_is_not_attempted("2.6", answer)
 
 
 @pytest.mark.parametrize("exercise_id", WEEK2)
 def test_learner_exception_is_failed_not_raised(exercise_id):
-    def buggy(*args):
-        return "n" + 1   # TypeError
-    result = grade(exercise_id, buggy)
-    assert result.status == FAILED
-    assert "TypeError" in result.message
+    contract.assert_learner_exception_is_failed(exercise_id)
 
 
-@pytest.mark.parametrize("exercise_id", ["2.1", "2.3", "2.4"])
+@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
 def test_rank_program_that_raises_is_failed(exercise_id):
-    def program(comm, x):
-        yield comm.send((comm.rank + 1) % comm.size, x) if comm.size > 1 else comm.compute(0)
-        raise IndexError("list index out of range")
-    result = grade(exercise_id, program)
-    assert result.status == FAILED
-    assert "IndexError" in result.message and "rank" in result.message
+    contract.assert_crashed_rank_program_is_failed(exercise_id)
 
 
-@pytest.mark.parametrize("exercise_id", ["2.1", "2.3", "2.4"])
+@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
 def test_rank_program_returning_none_is_named(exercise_id):
-    def program(comm, x):
-        yield comm.compute(0.0)
-    assert "returned None" in grade(exercise_id, program).message
+    contract.assert_rank_program_returning_none_is_named(exercise_id)
 
+
+def test_every_checker_has_a_solution_and_every_solution_a_checker():
+    contract.assert_solutions_match_checkers(2, solution)
+
+
+# --- week 2's hints ----------------------------------------------------------------------------
 
 def test_hint_states_input_expected_and_returned():
     message = grade("2.2", ring_bw_without_fraction).message
@@ -580,121 +552,20 @@ def test_rank_program_cases_include_awkward_sizes():
     assert any(n % p for p, n in REDUCE_SCATTER_CASES)            # not divisible
 
 
-# --- solutions and checkers correspond one to one --------------------------------------------
-
-def test_every_checker_has_a_solution_and_every_solution_a_checker():
-    answer_names = {name for entry in checkers(week=2) for name in entry.answer_names}
-    solution_names = {name for name, value in vars(solution).items()
-                      if inspect.isfunction(value) and value.__module__ == solution.__name__
-                      and not name.startswith("_")}
-    assert answer_names - solution_names == set(), "checkers without a reference solution"
-    assert solution_names - answer_names == set(), "solutions without a checker"
-
-
 # --- the notebook's exercise cells ------------------------------------------------------------
 
-def cells_of_notebook(path: Path) -> list[tuple[str, str]]:
-    """(cell type, source) of each cell of a notebook."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return [(cell["cell_type"], "".join(cell["source"])) for cell in cells]
-
-
-def cells_of_percent_script(path: Path) -> list[tuple[str, str]]:
-    """(cell type, source) of each cell of a jupytext py:percent script."""
-    cells = []
-    for chunk in re.split(r"^# %%", path.read_text(encoding="utf-8"), flags=re.M)[1:]:
-        header, _, body = chunk.partition("\n")
-        if "[markdown]" in header:
-            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#")
-                             for line in body.strip().splitlines())
-            cells.append(("markdown", body))
-        else:
-            cells.append(("code", body.strip()))
-    return cells
-
-
-def python_lines(source: str) -> str:
-    """A code cell without IPython magics and shell escapes (a line starting % or !, but
-    not a continuation line that starts with the operator !=)."""
-    def magic(line):
-        stripped = line.lstrip()
-        return stripped.startswith("%") or (stripped.startswith("!")
-                                            and not stripped.startswith("!="))
-    return "\n".join(line for line in source.splitlines() if not magic(line))
-
-
-def split_at_exercises(cells):
-    """(cells before "## Exercises", cells from it on, up to "## Summary")."""
-    starts = [i for i, (kind, source) in enumerate(cells)
-              if kind == "markdown" and source.lstrip().startswith("## Exercises")]
-    if not starts:
-        return cells, []
-    body, rest = cells[:starts[0]], cells[starts[0]:]
-    ends = [i for i, (kind, source) in enumerate(rest)
-            if kind == "markdown" and source.lstrip().startswith("## Summary")]
-    return body, rest[:ends[0]] if ends else rest
-
-
-def defined_names(cells) -> set[str]:
-    names = set()
-    for kind, source in cells:
-        if kind != "code":
-            continue
-        for node in ast.parse(python_lines(source)).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-            else:
-                for target in ast.walk(node):
-                    if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
-                        names.add(target.id)
-    return names
-
-
-def exercise_cells():
-    """The exercise cells: from the notebook once they are in it, else from the build file."""
-    _, exercises = split_at_exercises(cells_of_notebook(NOTEBOOK))
-    if exercises:
-        return exercises
-    if not CELLS.exists():
-        pytest.skip("week 2's exercise cells are neither in the notebook nor in build/")
-    return cells_of_percent_script(CELLS)
-
-
 def test_no_stub_shadows_a_name_the_notebook_body_defines():
-    body, _ = split_at_exercises(cells_of_notebook(NOTEBOOK))
-    defined = defined_names(body)
-    assert {"allgather", "allreduce", "run_collective", "crossover_size", "busbw"} <= defined
-    stubs = {name for entry in checkers(week=2) for name in entry.answer_names}
-    assert stubs & defined == set()
+    contract.assert_no_stub_shadows_the_body(
+        2, NOTEBOOK, {"allgather", "allreduce", "run_collective", "crossover_size", "busbw"})
 
 
 def test_exercise_cells_match_the_checkers():
-    cells = exercise_cells()
-    assert cells[0][0] == "markdown" and cells[0][1].lstrip().startswith("## Exercises")
-    headings = [re.match(r"### Exercise (\d+\.\d+) — ", source.lstrip())
-                for kind, source in cells if kind == "markdown"]
-    ids = [m.group(1) for m in headings if m]
-    assert ids == WEEK2
-    for entry in checkers(week=2):
-        (name,) = entry.answer_names
-        statement = next(source for kind, source in cells if kind == "markdown"
-                         and f"### Exercise {entry.exercise_id} " in source)
-        assert "*Example:*" in statement, entry.exercise_id
-        stub = next(source for kind, source in cells if kind == "code"
-                    and f'check("{entry.exercise_id}", {name})' in source)
-        function = next(node for node in ast.parse(stub).body
-                        if isinstance(node, ast.FunctionDef))
-        assert function.name == name
-        assert [a.arg for a in function.args.args] == \
-            list(inspect.signature(getattr(solution, name)).parameters)
-        assert "raise NotImplementedError  # your code here" in stub
+    contract.assert_exercise_cells_match_checkers(2, contract.stub_cells(NOTEBOOK, CELLS),
+                                                  solution)
 
 
-def run_exercise_cells(replace_stubs: bool) -> list[str]:
-    """Execute the exercise cells in one namespace, as the notebook would, with the names the
-    notebook defines above them; optionally swap each stub for the reference solution."""
+def notebook_namespace() -> dict:
+    """The names the exercise cells use from the notebook above them."""
     import dsml
     from dsml.collectives import allreduce as library_allreduce
     from dsml.comm.api import SizeOnly
@@ -706,37 +577,20 @@ def run_exercise_cells(replace_stubs: bool) -> list[str]:
             return (yield from collective(comm, xs[comm.rank].copy(), **options))
         return simulate(program, p, network)
 
-    namespace = {"np": np, "dsml": dsml, "AlphaBeta": AlphaBeta, "SizeOnly": SizeOnly,
-                 "allreduce": library_allreduce, "run_collective": run_collective}
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        for kind, source in exercise_cells():
-            if kind != "code":
-                continue
-            if replace_stubs:
-                tree = ast.parse(source)
-                for node in tree.body:
-                    if isinstance(node, ast.FunctionDef) and hasattr(solution, node.name):
-                        source = source.replace(ast.get_source_segment(source, node),
-                                                f"{node.name} = solution.{node.name}")
-                namespace["solution"] = solution
-            exec(compile(source, "<exercise cell>", "exec"), namespace)
-    return out.getvalue().splitlines()
+    return {"np": np, "dsml": dsml, "AlphaBeta": AlphaBeta, "SizeOnly": SizeOnly,
+            "allreduce": library_allreduce, "run_collective": run_collective}
 
 
 def test_exercise_stub_cells_print_not_attempted():
-    lines = run_exercise_cells(replace_stubs=False)
-    assert len(lines) == len(WEEK2)
-    for exercise_id, line in zip(WEEK2, lines):
-        assert line.startswith(f"· Exercise {exercise_id} (") and \
-            line.endswith("not attempted yet"), line
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK, CELLS),
+                                        notebook_namespace())
+    contract.assert_cells_print_not_attempted(2, lines)
 
 
 def test_exercise_cells_with_solutions_print_correct():
-    lines = run_exercise_cells(replace_stubs=True)
-    assert len(lines) == len(WEEK2)
-    for exercise_id, line in zip(WEEK2, lines):
-        assert line.startswith(f"✓ Exercise {exercise_id} ("), line
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK, CELLS),
+                                        notebook_namespace(), solution)
+    contract.assert_cells_print_correct(2, lines)
 
 
 def test_examples_in_the_statements_hold():
