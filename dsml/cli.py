@@ -22,6 +22,8 @@ import sys
 
 import numpy as np
 
+from dsml.collectives.cost import BUSBW_FACTORS, busbw_factor
+
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
 
@@ -111,8 +113,6 @@ SIZE_MEANING = {
     "reduce_scatter": "each rank's input; each rank keeps size/{p} of the result",
     "alltoall": "each rank's send buffer: {p} blocks of size/{p}, one per rank",
 }
-FACTOR_FORMULA = {"allreduce": "2(p-1)/p", "broadcast": "1", "reduce": "1",
-                  "allgather": "(p-1)/p", "reduce_scatter": "(p-1)/p", "alltoall": "(p-1)/p"}
 
 
 def format_bytes(nbytes: int) -> str:
@@ -121,20 +121,6 @@ def format_bytes(nbytes: int) -> str:
         if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
             return f"{nbytes // _UNITS[unit]}{unit}"
     return f"{nbytes} B"
-
-
-def busbw_factor(collective: str, p: int) -> float:
-    """busbw / algbw for `collective` on p ranks (nccl-tests, doc/PERFORMANCE.md): the
-    fraction of the size that the busiest link must carry, so that busbw compares with the
-    link's bandwidth whatever p is."""
-    if collective == "allreduce":
-        return 2 * (p - 1) / p
-    if collective in ("allgather", "reduce_scatter", "alltoall"):
-        return (p - 1) / p
-    if collective in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}; choose one of "
-                     f"{', '.join(BENCH_COLLECTIVES)}")
 
 
 def bench_count(collective: str, nbytes: int, p: int, itemsize: int) -> int:
@@ -374,7 +360,7 @@ def _print_bench_header(args, network, itemsize: int) -> None:
               f"(nccl-tests rounds the count down); smaller sizes skipped")
     else:
         print(f"# sizes rounded down to whole {itemsize}-byte elements; smaller sizes skipped")
-    print(f"# busbw = algbw × {busbw_factor(collective, p):g} ({FACTOR_FORMULA[collective]})")
+    print(f"# busbw = algbw × {busbw_factor(collective, p):g} ({BUSBW_FACTORS[collective]})")
     if not args.check:
         print("# #wrong: not checked (--no-check)")
     elif exact_reduction(args.dtype, args.op, p):

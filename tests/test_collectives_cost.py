@@ -285,3 +285,25 @@ def test_best_algorithm_is_fastest_in_the_simulator_too():
 def test_best_algorithm_rejects_an_unknown_op():
     with pytest.raises(ValueError, match=r"unknown op 'allscatter'; choose one of broadcast"):
         best_algorithm("allscatter", 4, 1000, 1e-6, 1e-9)
+
+
+# --- busbw factors (nccl-tests) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [1, 2, 3, 8, 1000])
+def test_busbw_factors_follow_nccl_tests(p):
+    from dsml.collectives import BUSBW_FACTORS, busbw_factor
+    expected = {"allreduce": 2 * (p - 1) / p, "allgather": (p - 1) / p,
+                "reduce_scatter": (p - 1) / p, "alltoall": (p - 1) / p, "broadcast": 1.0,
+                "reduce": 1.0}
+    assert set(BUSBW_FACTORS) == set(expected)
+    for collective, factor in expected.items():
+        assert busbw_factor(collective, p) == factor
+
+
+@pytest.mark.parametrize("collective,p,match", [("gather", 4, "unknown collective 'gather'"),
+                                                ("allreduce", 0, "p must be"),
+                                                ("allreduce", 2.0, "p must be")])
+def test_busbw_factor_names_bad_input(collective, p, match):
+    from dsml.collectives import busbw_factor
+    with pytest.raises(ValueError, match=match):
+        busbw_factor(collective, p)

@@ -9,12 +9,14 @@ from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
 from dsml.collectives.alltoall import alltoall
 from dsml.collectives.broadcast import BROADCAST_ALGORITHMS, broadcast
 from dsml.collectives.buffers import COLLECTIVE_TAG, OPS
-from dsml.collectives.cost import COLLECTIVE_ALGORITHMS, best_algorithm, cost
+from dsml.collectives.cost import (BUSBW_FACTORS, COLLECTIVE_ALGORITHMS, best_algorithm,
+                                   busbw_factor, cost)
 from dsml.collectives.hierarchical import Group, allreduce_hierarchical
 from dsml.collectives.reduce import REDUCE_ALGORITHMS, reduce
 from dsml.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS, reduce_scatter
 
 __all__ = ["broadcast", "reduce", "allreduce", "allgather", "reduce_scatter", "alltoall",
-           "allreduce_hierarchical", "Group", "cost", "best_algorithm", "COLLECTIVE_ALGORITHMS",
+           "allreduce_hierarchical", "Group", "cost", "best_algorithm", "busbw_factor",
+           "BUSBW_FACTORS", "COLLECTIVE_ALGORITHMS",
            "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS", "ALLREDUCE_ALGORITHMS",
            "ALLGATHER_ALGORITHMS", "REDUCE_SCATTER_ALGORITHMS", "COLLECTIVE_TAG", "OPS"]

@@ -71,3 +71,23 @@ def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
     if not times:
         cost(op, "", p, nbytes, alpha, beta, gamma)    # raises the unknown-op error
     return min(times, key=times.get)
+
+
+# -- cell 55
+# busbw / algbw per collective (nccl-tests' doc/PERFORMANCE.md): the share of the size S that an
+# optimal algorithm pushes through each rank's port.
+BUSBW_FACTORS = {"allreduce": "2(p-1)/p", "allgather": "(p-1)/p", "reduce_scatter": "(p-1)/p",
+                 "alltoall": "(p-1)/p", "broadcast": "1", "reduce": "1"}
+
+
+def busbw_factor(collective: str, p: int) -> float:
+    """busbw = algbw × this factor: it makes an optimal algorithm's busbw equal the link
+    bandwidth whatever p is (BUSBW_FACTORS gives the formulas, for printing)."""
+    if collective not in BUSBW_FACTORS:
+        raise ValueError(f"unknown collective {collective!r}; choose one of "
+                         f"{', '.join(BUSBW_FACTORS)}")
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise ValueError(f"p must be an integer ≥ 1, got {p!r}")
+    if collective == "allreduce":
+        return 2 * (p - 1) / p
+    return 1.0 if BUSBW_FACTORS[collective] == "1" else (p - 1) / p

@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 
-from dsml.collectives import allgather, allreduce, broadcast, reduce_scatter
+from dsml.collectives import allgather, allreduce, broadcast, busbw_factor, reduce_scatter
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import Wrong, _not_implemented, as_float, checker, expect_close
@@ -453,12 +453,6 @@ def simulate_collective(collective: str, p: int, nbytes: int, network) -> float:
     return run(program, p, engine="sim", network=network, trace=False).time
 
 
-def _busbw_factor(collective: str, p: int) -> float:
-    """nccl-tests' correction (its doc/PERFORMANCE.md): busbw = algbw × factor."""
-    return {"allreduce": 2 * (p - 1) / p, "allgather": (p - 1) / p,
-            "reduce_scatter": (p - 1) / p, "broadcast": 1.0}[collective]
-
-
 # (collective, p, nbytes S); every S divisible by p.
 BUSBW_CASES = [("allreduce", 6, 6 * 2 ** 20), ("allgather", 5, 5 * 2 ** 18),
                ("reduce_scatter", 3, 3 * 2 ** 20), ("broadcast", 4, 2 ** 20),
@@ -472,7 +466,7 @@ def check_bus_bandwidth(bus_bandwidth):
     for collective, p, nbytes in BUSBW_CASES:
         seconds = simulate_collective(collective, p, nbytes, network)
         algbw = nbytes / seconds
-        factor = _busbw_factor(collective, p)
+        factor = busbw_factor(collective, p)
         got = bus_bandwidth(collective, p, nbytes, seconds)
         what = (f"bus_bandwidth({collective!r}, p={p}, nbytes={nbytes}, "
                 f"seconds={seconds:.6g})")
