@@ -5,27 +5,39 @@ with the `threads` engine). The transport:
 
 - **Small messages** travel through one pipe per ordered pair of ranks (p·(p − 1) pipes),
   written directly by the sender — no feeder thread, no lock, since each pipe has one writer.
-  A frame is an 8-byte length and the pickled `(tag, payload)`. Write ends are non-blocking:
+  A frame is an 8-byte length and a body. A bare C-contiguous array of a plain dtype — what
+  collectives send — goes raw: tag, dtype code, shape, then its bytes (`encode_frame`), one
+  copy each way and no pickling (pickling cost ~4 µs a message each way, more than the pipe).
+  Anything else (tuples and dicts, object or structured dtypes, Fortran order, placeholders)
+  is the pickled `(tag, payload)`. Write ends are non-blocking:
   when a pipe is full, the rest of the frame (and every later frame to that rank, to keep the
   order) waits in a per-destination backlog, written out whenever the rank waits — in a
   receive, or after its program has returned. So a send never blocks and pipe buffer sizes
   never turn a correct program into a deadlock (the eager semantics of every engine).
 - **Waiting.** When there are no more ranks than CPUs this process may use (Linux), each rank
   is pinned to a CPU of its own, and a waiting receive polls its pipe for SPIN (200 µs) before
-  it sleeps in poll(): a wake-up through the kernel costs tens of µs, and a ping-pong of small
-  messages takes ~35 µs one way instead of ~100 µs. Unpinned (more ranks than CPUs, or no
-  affinity call), a rank never spins: on a shared core it would take the time that the peer it
-  waits for needs.
+  it sleeps in poll(): a wake-up through the kernel costs tens of µs. Unpinned (more ranks
+  than CPUs), a rank must not spin — on a shared core it would take the time that the peer it
+  waits for needs — so it yields the CPU (sched_yield) between polls for the same SPIN, which
+  runs a ready peer at once (a 4-rank ring all-reduce of 4 KiB on 2 CPUs: ~210 µs instead of
+  ~370 µs sleeping at once), and then sleeps.
 - **Large arrays** (`nbytes ≥ SHM_THRESHOLD`, 32 KiB, where a ping-pong through shared memory
   starts to beat the pipe on the development machine; anywhere in a payload, also inside
   tuples and dicts) travel through POSIX shared memory: the sender copies the array into a
-  segment and sends only its name, shape and dtype through the pipe; the receiver attaches,
-  copies the array out and answers with an acknowledgement frame, after which the sender may
-  reuse the segment for its next array to that rank. Each rank keeps a pool of segments per
-  destination (power-of-two sizes; a new one is created only when none is free), and the
-  receiver keeps its attachments: a fresh segment per message costs page faults on both sides,
-  about 15 times the copy itself for 1 MiB. The pools grow to the most bytes a rank had in
-  flight to a peer and live until the run ends.
+  segment and sends only its name, shape and dtype through the pipe; the receiver attaches
+  and hands the program a view of the segment itself — no copy on the receiving side. The
+  segment stays that array's while any array made from it (slices, reshapes) is alive: a
+  finalizer on the view's buffer notes when the last one is gone, and the next time the
+  receiver sends or waits it acknowledges the segment (in the same write as its next frame
+  to that rank, if it has one), after which the sender may reuse it for its next array to
+  that rank. Each rank keeps a pool of segments per destination
+  (power-of-two sizes; a new one is created only when none is free — a sender never waits
+  for an acknowledgement), and the receiver keeps its attachments: a fresh segment per
+  message costs page faults on both sides, about 15 times the copy itself for 1 MiB. The
+  pools grow to the most bytes a rank's peer held at once and live until the run ends.
+- **Memory.** Each rank asks glibc's malloc to keep what it frees (`keep_freed_memory`):
+  otherwise every array of ≥ 128 KiB–32 MiB is a fresh mmap whose pages fault in again each
+  time, and a collective that allocates a few blocks per step pays that as often as it copies.
 - **Clean-up.** Segments are named `dsml_<parent pid>_<run>_<rank>_<n>`. After every run,
   successful or not, the parent unlinks every segment with its run's prefix: from a listing of
   /dev/shm where there is one (Linux), else by trying every name the ranks counted in a shared
@@ -37,6 +49,8 @@ shuts down. The parent starts the tracker before forking, so every rank shares o
 unregisters each segment it creates at once (3.13+: `track=False`), and the parent's clean-up
 attaches (registering again is a no-op) and unlinks (which unregisters) every segment of the
 run, so that whatever a receiver registered is unregistered and the tracker ends with nothing.
+A receiver never closes what it attached (`_Attached`): arrays it handed out may still be
+views of it when the rank ends, and the mapping goes with the process.
 
 Start method: "fork" where the platform has it (Linux, macOS), because a rank program
 defined in a notebook cell lives in the kernel's `__main__`, which a "spawn"ed child cannot
@@ -66,6 +80,7 @@ import select
 import struct
 import sys
 import time
+import weakref
 from collections import deque
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
@@ -83,6 +98,7 @@ SHM_DIR = "/dev/shm"        # where Linux shows POSIX shared memory; absent on m
 POLL = 1.0                  # s: how often a waiting child checks that its parent is alive
 SPIN = 200e-6               # s: how long a receive polls its pipe before it sleeps
 READ_SIZE = 1 << 18         # bytes asked of a pipe per read
+MMAP_THRESHOLD = 1 << 30    # bytes: smaller allocations come from (and go back to) the heap
 _FRAME = struct.Struct("<Q")
 _run_ids = itertools.count()
 _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -124,14 +140,27 @@ else:
         return segment
 
 
+class _Attached(SharedMemory):
+    """A peer's segment, attached. Arrays this rank received may still be views of it when
+    the rank ends (a failed rank's traceback holds them); closing then raises BufferError,
+    which would be printed from __del__. The mapping goes with the process anyway."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass
+
+
 class Segments:
     """One rank's side of the shared-memory path.
 
     Sending: `put(dst, array)` copies the array into a segment of this rank's pool for `dst`
     and returns the ShmRef to send. Segments come in power-of-two sizes; one is reused once
-    the receiver has said (an ACK frame) that it has copied the array out, and a new one is
-    created when none is free. Receiving: `take(ref)` attaches (once per segment), copies the
-    array out and returns it; the caller sends the ACK.
+    the receiver has said (an ACK frame) that it is done with the array, and a new one is
+    created when none is free. Receiving: `take(src, ref)` attaches (once per segment) and
+    returns the array as a view of the segment — no copy; when the program has dropped every
+    array made from it, the segment is listed for the transport to acknowledge.
     """
 
     def __init__(self, prefix: str, rank: int, created):
@@ -141,6 +170,7 @@ class Segments:
         self.owned = {}            # name -> (dst, size, SharedMemory) of this rank's segments
         self.free = {}             # (dst, size) -> names acknowledged by their receiver
         self.attached = {}         # name -> SharedMemory of a peer's segment
+        self.returned = []         # (src, name): received arrays that are gone (see take)
 
     def reusable(self, dst, nbytes) -> bool:
         return bool(self.free.get((dst, _size_class(nbytes))))
@@ -163,18 +193,27 @@ class Segments:
         return ShmRef(name, array.shape, array.dtype)
 
     def release(self, name) -> None:
-        """The receiver has copied the array out of segment `name`: it can be reused."""
+        """The receiver is done with the array in segment `name`: it can be reused."""
         dst, size, _ = self.owned[name]
         self.free.setdefault((dst, size), []).append(name)
 
-    def take(self, ref: ShmRef) -> np.ndarray:
+    def take(self, src, ref: ShmRef) -> np.ndarray:
+        """The array in a peer's segment, as a view of the segment itself: no copy. The
+        segment stays the array's until the last array made from it is gone; then a
+        finalizer lists it in `returned`, and the transport acknowledges it to `src`."""
         segment = self.attached.get(ref.name)
         if segment is None:
-            segment = self.attached[ref.name] = SharedMemory(ref.name)
-        view = np.ndarray(ref.shape, ref.dtype, buffer=segment.buf)
-        array = view.copy()
-        del view
-        return array
+            segment = self.attached[ref.name] = _Attached(ref.name)
+        count = 1
+        for extent in ref.shape:
+            count *= extent
+        window = segment.buf[:count * ref.dtype.itemsize]
+        array = np.frombuffer(window, ref.dtype, count)
+        del window
+        # NumPy's base for the array (and for every view of it) is a memoryview made for
+        # this message alone: when it dies, no array of this message is left.
+        weakref.finalize(array.base, self._returned, src, ref.name)
+        return array.reshape(ref.shape)
 
     def encode(self, payload, dst, make_room):
         """The payload with every large array replaced by a ShmRef to a segment holding it;
@@ -194,19 +233,30 @@ class Segments:
             return {key: self.encode(value, dst, make_room) for key, value in payload.items()}
         return payload
 
-    def decode(self, payload, taken: list):
-        """The payload with every ShmRef replaced by its array; the refs go to `taken`."""
+    def decode(self, payload, src):
+        """The payload with every ShmRef (from `src`) replaced by its array (see `take`)."""
         kind = type(payload)
         if kind is ShmRef:
-            taken.append(payload.name)
-            return self.take(payload)
+            return self.take(src, payload)
         if kind is tuple:
-            return tuple(self.decode(item, taken) for item in payload)
+            return tuple(self.decode(item, src) for item in payload)
         if kind is list:
-            return [self.decode(item, taken) for item in payload]
+            return [self.decode(item, src) for item in payload]
         if kind is dict:
-            return {key: self.decode(value, taken) for key, value in payload.items()}
+            return {key: self.decode(value, src) for key, value in payload.items()}
         return payload
+
+    def _returned(self, src, name) -> None:
+        # Looks up self.returned when called: take_returned() replaces the list.
+        self.returned.append((src, name))
+
+    def take_returned(self) -> dict:
+        """src -> names of its segments whose arrays are all gone since the last call."""
+        returned, self.returned = self.returned, []
+        by_source = {}
+        for src, name in returned:
+            by_source.setdefault(src, []).append(name)
+        return by_source
 
 
 def _size_class(nbytes: int) -> int:
@@ -246,7 +296,99 @@ def unlink_segments(prefix: str, created) -> list[str]:
 
 # --- pipes ------------------------------------------------------------------------------------
 
-_ACK = -2      # frame tag: "I have copied these arrays out of your segments" (payload: names)
+_ACK = -2      # frame tag: "I am done with the arrays in these segments of yours" (names)
+
+# A frame is its length (8 bytes) and a body whose first byte says how to read the rest:
+_PICKLED = 0   # pickle of (tag, payload): structured messages, anything unusual
+_RAW = 1       # a bare array: tag, ndim, dtype code, shape, then its bytes as they are in memory
+_REF = 2       # a bare array in shared memory: tag, ndim, dtype code, segment name, shape
+_NAMES = 3     # an acknowledgement: the names of the segments, one a line
+_PICKLED_HEAD = struct.Struct("<QB")
+_RAW_HEAD = struct.Struct("<QBqBB")   # frame length, kind, tag, ndim, length of the dtype code
+_REF_HEAD = struct.Struct("<QBqBBB")  # ... and the length of the segment's name
+_DIMS = [struct.Struct(f"<{ndim}q") for ndim in range(64 + 1)]
+_DTYPE_CODES = {}   # dtype -> its code (dtype.str as bytes), or None if it cannot go raw
+_DTYPES = {}        # code -> dtype
+
+
+def _dtype_code(dtype):
+    """dtype.str as bytes, if that describes the dtype completely (no fields, no objects,
+    no sub-arrays, items of at least one byte); else None and the array is pickled."""
+    try:
+        return _DTYPE_CODES[dtype]
+    except KeyError:
+        pass
+    text = dtype.str
+    code = None
+    if not dtype.hasobject and dtype.names is None and dtype.itemsize > 0 \
+            and dtype.subdtype is None and np.dtype(text) == dtype:
+        code = text.encode()
+        _DTYPES[code] = np.dtype(text)
+    _DTYPE_CODES[dtype] = code
+    return code
+
+
+def encode_frame(tag, payload) -> bytes:
+    """The frame for one message. A C-contiguous array of a plain dtype (the common message
+    of a collective) goes raw — a header and its bytes, one copy and no pickling; so do a
+    bare reference to a segment and an acknowledgement; anything else is pickled (protocol
+    5: NumPy keeps non-native byte orders there)."""
+    kind = type(payload)
+    if kind is np.ndarray and payload.flags.c_contiguous:
+        code = _dtype_code(payload.dtype)
+        if code is not None and payload.ndim <= 64:
+            ndim = payload.ndim
+            size = _RAW_HEAD.size - 8 + len(code) + 8 * ndim + payload.nbytes
+            # A C-contiguous array hands its bytes to join() through the buffer protocol.
+            return b"".join((_RAW_HEAD.pack(size, _RAW, tag, ndim, len(code)), code,
+                             _DIMS[ndim].pack(*payload.shape), payload))
+    elif kind is ShmRef:
+        code = _dtype_code(payload.dtype)
+        if code is not None and len(payload.shape) <= 64:
+            ndim, name = len(payload.shape), payload.name.encode()
+            size = _REF_HEAD.size - 8 + len(code) + len(name) + 8 * ndim
+            return b"".join((_REF_HEAD.pack(size, _REF, tag, ndim, len(code), len(name)), code,
+                             name, _DIMS[ndim].pack(*payload.shape)))
+    elif tag == _ACK:
+        body = "\n".join(payload).encode()
+        return _PICKLED_HEAD.pack(len(body) + 1, _NAMES) + body
+    body = pickle.dumps((tag, payload), protocol=5)
+    return _PICKLED_HEAD.pack(len(body) + 1, _PICKLED) + body
+
+
+def decode_frame(buf, pos, size):
+    """(tag, payload) of the frame whose body is buf[pos + 8 : pos + 8 + size]."""
+    kind = buf[pos + 8]
+    if kind == _RAW:
+        _, _, tag, ndim, code_size = _RAW_HEAD.unpack_from(buf, pos)
+        at = pos + _RAW_HEAD.size
+        code = bytes(buf[at:at + code_size])
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            dtype = _DTYPES[code] = np.dtype(code.decode())
+        at += code_size
+        shape = _DIMS[ndim].unpack_from(buf, at)
+        at += 8 * ndim
+        count = (pos + 8 + size - at) // dtype.itemsize
+        if not count:
+            return tag, np.empty(shape, dtype)
+        # A copy the program owns: the read buffer is reused for the next frames.
+        return tag, np.frombuffer(buf, dtype, count, at).reshape(shape).copy()
+    if kind == _REF:
+        _, _, tag, ndim, code_size, name_size = _REF_HEAD.unpack_from(buf, pos)
+        at = pos + _REF_HEAD.size
+        code = bytes(buf[at:at + code_size])
+        dtype = _DTYPES.get(code)
+        if dtype is None:
+            dtype = _DTYPES[code] = np.dtype(code.decode())
+        at += code_size
+        name = buf[at:at + name_size].decode()
+        shape = _DIMS[ndim].unpack_from(buf, at + name_size)
+        return tag, ShmRef(name, shape, dtype)
+    if kind == _NAMES:
+        return _ACK, buf[pos + 9:pos + 8 + size].decode().split("\n")
+    with memoryview(buf) as view:
+        return pickle.loads(view[pos + 9:pos + 8 + size])
 
 
 class PipeTransport(MatchingTransport):
@@ -263,29 +405,50 @@ class PipeTransport(MatchingTransport):
         self.backlog = {dst: deque() for dst in writers}
         self.pending = set()                     # destinations with a backlog
         self.parent = os.getppid()
-        # Spin only when this rank has a core of its own (pinned): on a core it shares with
-        # a peer, spinning would take the time that peer needs to send what we wait for.
-        self.spin = SPIN if _pin_to_own_core(rank, len(writers) + 1) else 0.0
+        # Spin hard only when this rank has a core of its own (pinned): on a core it shares
+        # with a peer, spinning would take the time that peer needs to send what we wait
+        # for. Without one, give the CPU away between polls (sched_yield), so that a peer
+        # that is ready runs at once, and poll again when the scheduler comes back.
+        pinned = _pin_to_own_core(rank, len(writers) + 1)
+        self.pause = None if pinned else getattr(os, "sched_yield", None)
+        self.spin = SPIN if pinned or self.pause is not None else 0.0
 
     # sending
     def send(self, dst, tag, payload):
-        self._send_frame(dst, tag, self.segments.encode(payload, dst, self._make_room))
+        frame = encode_frame(tag, self.segments.encode(payload, dst, self._make_room))
+        if self.segments.returned:
+            frame = self._acknowledge(dst) + frame       # one write for both
+        self._send_frame(dst, frame)
 
-    def _send_frame(self, dst, tag, payload):
-        body = pickle.dumps((tag, payload), protocol=5)
-        frame = _FRAME.pack(len(body)) + body
+    def _acknowledge(self, dst=None) -> bytes:
+        """Tell each peer which of its segments this rank's program is done with; the frame
+        for `dst` is returned instead, for the caller to send with its own."""
+        for_dst = b""
+        for src, names in self.segments.take_returned().items():
+            if src == dst:
+                for_dst = encode_frame(_ACK, names)
+            else:
+                self._send_frame(src, encode_frame(_ACK, names))
+        return for_dst
+
+    def _send_frame(self, dst, frame):
         if dst in self.pending and not self._flush(dst):
             self.backlog[dst].append(frame)
             return
-        try:
-            written = os.write(self.writers[dst], frame)
-        except BlockingIOError:
-            written = 0
-        except BrokenPipeError:       # the receiver is gone; the parent reports why
-            return
-        if written < len(frame):
+        written = self._write_some(dst, frame)
+        if written is not None and written < len(frame):
             self.backlog[dst].append(memoryview(frame)[written:])
             self.pending.add(dst)
+
+    def _write_some(self, dst, data) -> int | None:
+        """Write as much of `data` as the channel to dst takes now, without waiting: the
+        number of bytes written, or None if dst is gone (the parent reports why)."""
+        try:
+            return os.write(self.writers[dst], data)
+        except BlockingIOError:
+            return 0
+        except BrokenPipeError:
+            return None
 
     def _make_room(self, dst, nbytes):
         """No segment for dst is free: read what dst has sent so far (without waiting), so
@@ -299,15 +462,12 @@ class PipeTransport(MatchingTransport):
                 self.stash(dst, tag, payload)
 
     def _flush(self, dst) -> bool:
-        """Write as much of dst's backlog as the pipe takes now; True if it is all out."""
-        backlog, fd = self.backlog[dst], self.writers[dst]
+        """Write as much of dst's backlog as the channel takes now; True if it is all out."""
+        backlog = self.backlog[dst]
         while backlog:
             data = backlog[0]
-            try:
-                written = os.write(fd, data)
-            except BlockingIOError:
-                return False
-            except BrokenPipeError:
+            written = self._write_some(dst, data)
+            if written is None:
                 backlog.clear()
                 break
             if written < len(data):
@@ -325,8 +485,8 @@ class PipeTransport(MatchingTransport):
     # receiving
     def _parse(self, src):
         """The next complete (tag, payload) frame from src already read, or None.
-        Acknowledgements are handled here; arrays in shared memory are copied out and
-        acknowledged."""
+        Acknowledgements are handled here; arrays in shared memory come out as views of
+        their segments (see Segments.take)."""
         buf = self.inbuf[src]
         while True:
             pos = self.inpos[src]
@@ -336,8 +496,7 @@ class PipeTransport(MatchingTransport):
             (size,) = _FRAME.unpack_from(buf, pos)
             if available < 8 + size:
                 return None
-            with memoryview(buf) as view:
-                tag, payload = pickle.loads(view[pos + 8:pos + 8 + size])
+            tag, payload = decode_frame(buf, pos, size)
             pos += 8 + size
             if pos == len(buf):
                 buf.clear()
@@ -347,10 +506,8 @@ class PipeTransport(MatchingTransport):
                 for name in payload:
                     self.segments.release(name)
                 continue
-            taken = []
-            payload = self.segments.decode(payload, taken)
-            if taken:
-                self._send_frame(src, _ACK, taken)
+            if type(payload) is not np.ndarray:
+                payload = self.segments.decode(payload, src)
             return tag, payload
 
     def _fill(self, src):
@@ -375,10 +532,15 @@ class PipeTransport(MatchingTransport):
             if frame is not None:
                 return (src,) + frame
             got = self._fill(src)
+            if got is False and self.segments.returned:
+                self._acknowledge()      # before waiting: the peer may want its segments back
             if got is False and self.spin:
                 # Poll a little before sleeping: a wake-up through the kernel costs tens of µs.
                 until = time.perf_counter() + self.spin
+                pause = self.pause
                 while got is False and time.perf_counter() < until:
+                    if pause is not None:
+                        pause()
                     got = self._fill(src)
             if got is False:
                 self._wait(self.readers[src])
@@ -400,6 +562,7 @@ class PipeTransport(MatchingTransport):
             dst = self.dst_of.get(ready_fd)
             if dst is not None and ready_fd != fd:
                 self._flush(dst)
+
 
 
 def _pin_to_own_core(rank: int, size: int) -> bool:
@@ -480,9 +643,27 @@ def blas_threads() -> list[int]:
 
 # --- the child --------------------------------------------------------------------------------
 
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the
+    kernel; True if it agreed. By default an array of ≥ 128 KiB (the threshold adapts, up to
+    32 MiB) is an mmap of its own and its pages are returned when it is freed, so the next
+    array of that size page-faults every page again — for a collective that allocates a few
+    blocks per step, that cost about as much as the copies themselves. A rank lives for one
+    run, so what it keeps is bounded by the most it held at once."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):     # not glibc (macOS, musl): leave malloc alone
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                and mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD))
+
+
 def _child_main(rank, size, program, args, kwargs, channels, status_cells, created, result_conn,
                 record_trace, prefix):
     one_blas_thread()
+    keep_freed_memory()
     readers, writers = {}, {}
     for (src, dst), (read_end, write_end) in channels.items():
         if dst == rank:
