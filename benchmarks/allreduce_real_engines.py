@@ -1,0 +1,341 @@
+"""Benchmark (hand-written): dsml's ring all-reduce on real processes against MPI and gloo.
+
+Three implementations of the same operation — the sum of a float32 vector over p processes on
+this machine — timed the same way:
+
+- **dsml**: `dsml.run(program, p, engine="processes")`, where the program runs
+  `dsml.collectives.allreduce(comm, x, algorithm="ring")`, timed with `comm.now()`.
+- **MPI**: mpi4py's `comm.Allreduce` (MPICH from the `mpich` wheel), launched as
+  `mpiexec -n p python allreduce_real_engines.py --mpi-worker ...`, timed with `MPI.Wtime`.
+- **gloo**: `torch.distributed.all_reduce` on a CPU tensor, backend "gloo", p processes
+  started by this script (rendezvous over TCP on 127.0.0.1), one torch thread each.
+
+Each measurement, for every size: a barrier, a few warm-up all-reduces, a barrier, N timed
+all-reduces; the time per all-reduce is the slowest rank's (max over ranks). The three are run
+**alternating** — for each repeat, for each world size, dsml then MPI then gloo (the order
+rotates every repeat) — so that noise on this shared machine hits all three alike; the table
+shows the median over repeats. busbw = 2(p − 1)/p · nbytes / time, as nccl-tests reports it.
+
+Run (from the repository root; mpi4py and torch are optional, their columns are skipped if
+they are missing):
+
+    OMP_NUM_THREADS=1 python benchmarks/allreduce_real_engines.py            # p = 2, 4; 4K … 64M
+    python benchmarks/allreduce_real_engines.py --world-sizes 2 -b 4K -e 1M --repeats 3
+    python benchmarks/allreduce_real_engines.py --quick                     # a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+ENGINES = ("dsml", "mpi", "gloo")
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+RESULT_MARK = "RESULT "        # a worker's line of JSON results on stdout starts with this
+
+
+def parse_size(text: str) -> int:
+    """'4K' -> 4096 (binary units, as nccl-tests)."""
+    text = text.strip().upper().rstrip("B")
+    unit = text[-1] if text and text[-1] in _UNITS else ""
+    return int(text[:len(text) - len(unit)]) * _UNITS[unit]
+
+
+def iterations(nbytes: int, quick: bool) -> tuple[int, int]:
+    """(warm-up, timed) all-reduces for a message of nbytes: enough to average over many
+    small ones, few enough that 64 MiB stays in seconds."""
+    budget = (16 if quick else 256) * 1024**2        # bytes all-reduced per measurement
+    timed = max(3, min(20 if quick else 200, budget // nbytes))
+    return min(5, timed), timed
+
+
+def vector(nbytes: int, rank: int) -> np.ndarray:
+    """Rank r's input: small integers in float32, so every sum is exact and checkable."""
+    n = nbytes // 4
+    return ((np.arange(n, dtype=np.int64) + rank) % 7).astype(np.float32)
+
+
+def expected_sum(nbytes: int, p: int) -> np.ndarray:
+    return sum(vector(nbytes, r) for r in range(p))
+
+
+# --- dsml ---------------------------------------------------------------------------------------
+
+def dsml_program(comm, sizes, quick):
+    """Rank program: for each size, warm up, then time N ring all-reduces with comm.now()."""
+    import dsml.collectives as coll
+    token = np.zeros(1, dtype=np.float32)
+    times = []
+    for nbytes in sizes:
+        x = vector(nbytes, comm.rank)
+        warm, timed = iterations(nbytes, quick)
+        for _ in range(warm):
+            out = yield from coll.allreduce(comm, x, algorithm="ring")
+        yield from coll.allreduce(comm, token, algorithm="ring")      # a barrier
+        t0 = yield comm.now()
+        for _ in range(timed):
+            out = yield from coll.allreduce(comm, x, algorithm="ring")
+        t1 = yield comm.now()
+        times.append((t1 - t0) / timed)
+        if not np.array_equal(out, expected_sum(nbytes, comm.size)):
+            raise AssertionError(f"dsml all-reduce of {nbytes} B gave a wrong sum")
+    return times
+
+
+def run_dsml(p, sizes, quick):
+    import dsml
+    result = dsml.run(dsml_program, p, engine="processes", args=(sizes, quick), trace=False,
+                      timeout=1800)
+    return [max(per_rank[i] for per_rank in result.values) for i in range(len(sizes))]
+
+
+# --- MPI ------------------------------------------------------------------------------------------
+
+def mpi_worker(sizes, quick):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    p, rank = comm.Get_size(), comm.Get_rank()
+    times = []
+    for nbytes in sizes:
+        x = vector(nbytes, rank)
+        out = np.empty_like(x)
+        warm, timed = iterations(nbytes, quick)
+        for _ in range(warm):
+            comm.Allreduce(x, out, op=MPI.SUM)
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(timed):
+            comm.Allreduce(x, out, op=MPI.SUM)
+        mine = (MPI.Wtime() - t0) / timed
+        times.append(comm.allreduce(mine, op=MPI.MAX))
+        if not np.array_equal(out, expected_sum(nbytes, p)):
+            comm.Abort(3)
+    if rank == 0:
+        print(RESULT_MARK + json.dumps(times), flush=True)
+
+
+def mpiexec() -> str | None:
+    """The mpiexec next to this Python (the `mpich` wheel installs it there), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+def run_mpi(p, sizes, quick):
+    command = [mpiexec(), "-n", str(p), sys.executable, str(Path(__file__).resolve()),
+               "--mpi-worker", "--sizes", ",".join(map(str, sizes))] + (["--quick"] * quick)
+    return _run_workers([command])
+
+
+# --- gloo -----------------------------------------------------------------------------------------
+
+def gloo_worker(rank, p, port, sizes, quick):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=p)
+    times = []
+    for nbytes in sizes:
+        x = torch.from_numpy(vector(nbytes, rank))
+        warm, timed = iterations(nbytes, quick)
+        for _ in range(warm):
+            y = x.clone()
+            dist.all_reduce(y)
+        # all_reduce works in place: time it on one buffer that keeps growing (the values do
+        # not matter for the time), then check the sum once on a fresh copy.
+        y = x.clone()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(timed):
+            dist.all_reduce(y)
+        mine = torch.tensor([(time.perf_counter() - t0) / timed], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        times.append(float(mine))
+        y = x.clone()
+        dist.all_reduce(y)
+        if not np.array_equal(y.numpy(), expected_sum(nbytes, p)):
+            raise AssertionError(f"gloo all-reduce of {nbytes} B gave a wrong sum")
+    if rank == 0:
+        print(RESULT_MARK + json.dumps(times), flush=True)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_gloo(p, sizes, quick):
+    port = free_port()
+    script = str(Path(__file__).resolve())
+    commands = [[sys.executable, script, "--gloo-worker", "--rank", str(r), "--world", str(p),
+                 "--port", str(port), "--sizes", ",".join(map(str, sizes))] + (["--quick"] * quick)
+                for r in range(p)]
+    return _run_workers(commands)
+
+
+def _run_workers(commands, timeout=1800):
+    """Start the commands, wait for all, return the JSON list a worker printed."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in commands]
+    results, errors = None, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            for line in out.splitlines():
+                if line.startswith(RESULT_MARK):
+                    results = json.loads(line[len(RESULT_MARK):])
+            if proc.returncode:
+                errors.append(err.strip()[-2000:])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if errors or results is None:
+        raise RuntimeError("worker failed:\n" + "\n".join(errors))
+    return results
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+def available() -> dict:
+    """Which engines can run here, and why not if not."""
+    missing = {}
+    try:
+        import mpi4py  # noqa: F401
+        if mpiexec() is None:
+            missing["mpi"] = "mpi4py is installed but no mpiexec was found"
+    except ImportError:
+        missing["mpi"] = "mpi4py is not installed (pip install -e '.[mpi]')"
+    try:
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_gloo_available():
+            missing["gloo"] = "this torch has no gloo backend"
+    except ImportError:
+        missing["gloo"] = "torch is not installed"
+    return missing
+
+
+def fmt_size(nbytes: int) -> str:
+    for unit, factor in (("M", 1024**2), ("K", 1024)):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
+    return str(nbytes)
+
+
+def busbw(nbytes, p, seconds) -> float:
+    """Bus bandwidth in GB/s: the all-reduce correction factor 2(p − 1)/p of nccl-tests."""
+    return 2 * (p - 1) / p * nbytes / seconds / 1e9
+
+
+def print_table(p, sizes, medians, engines, repeats):
+    print(f"\n# ring all-reduce, float32 sum, {p} processes, median of {repeats} repeats; "
+          f"time per all-reduce (slowest rank), busbw = 2(p-1)/p * size / time")
+    # dsml against each of the others: busbw ratio, > 1 when dsml is faster
+    others = [e for e in engines if e != "dsml"] if "dsml" in engines else []
+    head = f"{'p':>2} {'size':>6}"
+    for e in engines:
+        head += f" {e + ' us':>11}"
+    for e in engines:
+        head += f" {e + ' GB/s':>10}"
+    for e in others:
+        head += f" {'dsml/' + e:>9}"
+    print(head)
+    for i, nbytes in enumerate(sizes):
+        row = f"{p:>2} {fmt_size(nbytes):>6}"
+        for e in engines:
+            row += f" {medians[e][i] * 1e6:>11.1f}"
+        for e in engines:
+            row += f" {busbw(nbytes, p, medians[e][i]):>10.3f}"
+        for e in others:
+            row += f" {medians[e][i] / medians['dsml'][i]:>9.2f}"
+        print(row)
+    for e in others:
+        print(f"# {fmt_size(sizes[0])}: dsml time / {e} time = "
+              f"{medians['dsml'][0] / medians[e][0]:.1f}x")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default 2,4)")
+    parser.add_argument("-b", "--begin", type=parse_size, default=4096, help="default 4K")
+    parser.add_argument("-e", "--end", type=parse_size, default=64 * 1024**2, help="default 64M")
+    parser.add_argument("-f", "--factor", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
+    # worker modes (started by this script)
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.mpi_worker or args.gloo_worker:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        if args.mpi_worker:
+            mpi_worker(sizes, args.quick)
+        else:
+            gloo_worker(args.rank, args.world, args.port, sizes, args.quick)
+        return 0
+
+    sizes, n = [], args.begin
+    while n <= args.end:
+        sizes.append(n)
+        n *= args.factor
+    if any(s % 4 for s in sizes):
+        parser.error("sizes must be multiples of 4 bytes (float32)")
+    repeats = 2 if args.quick and args.repeats == 5 else args.repeats
+    world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        parser.error(f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}")
+    missing = available()
+    for e in engines:
+        if e in missing:
+            print(f"# {e}: skipped, {missing[e]}")
+    engines = [e for e in engines if e not in missing]
+    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo}
+    print(f"# sizes {fmt_size(sizes[0])} … {fmt_size(sizes[-1])}, world sizes {world_sizes}, "
+          f"{repeats} repeats, engines alternating: {', '.join(engines)}")
+    raw = {p: {e: [] for e in engines} for p in world_sizes}
+    for repeat in range(repeats):
+        for p in world_sizes:
+            order = engines[repeat % len(engines):] + engines[:repeat % len(engines)]
+            for e in order:
+                t = time.perf_counter()
+                raw[p][e].append(runners[e](p, sizes, args.quick))
+                print(f"#   repeat {repeat + 1}/{repeats}, p={p}, {e}: "
+                      f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+    for p in world_sizes:
+        medians = {e: [statistics.median(run[i] for run in raw[p][e]) for i in range(len(sizes))]
+                   for e in engines}
+        print_table(p, sizes, medians, engines, repeats)
+    if args.raw:
+        Path(args.raw).write_text(json.dumps({"sizes": sizes, "times": raw}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
