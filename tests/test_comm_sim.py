@@ -223,17 +223,23 @@ def test_send_snapshots_the_payload():
     assert set(nested) == {"grad", "parts"}
 
 
-def test_the_snapshot_is_also_made_for_sendrecv():
+@pytest.mark.parametrize("engine", ["sim", "threads", "processes"])
+def test_the_snapshot_is_taken_when_the_request_is_yielded(engine):
+    """Building a request does nothing; the engine copies the payload as it handles the
+    request. So a change between building and yielding is sent, one after yielding is not."""
     def ring_and_mutate(comm):
         x = np.full(3, float(comm.rank))
         req = comm.sendrecv(1 - comm.rank, x, 1 - comm.rank)
-        x[:] = -1.0                     # mutate between building and yielding the request
+        x[:] = 10.0 + comm.rank         # before yielding: part of the message
         got = yield req
+        x[:] = -1.0                     # after: must change nothing the peer received
+        yield comm.sendrecv(1 - comm.rank, np.zeros(1), 1 - comm.rank, tag=1)
         return got
 
-    result = dsml.run(ring_and_mutate, 2, network=NET)
-    np.testing.assert_array_equal(result.values[0], np.full(3, 1.0))
-    np.testing.assert_array_equal(result.values[1], np.full(3, 0.0))
+    options = {"network": NET} if engine == "sim" else {"timeout": 60}
+    result = dsml.run(ring_and_mutate, 2, engine=engine, **options)
+    np.testing.assert_array_equal(result.values[0], np.full(3, 11.0))
+    np.testing.assert_array_equal(result.values[1], np.full(3, 10.0))
 
 
 def test_structured_payload_size_follows_the_documented_rule():

@@ -1,5 +1,8 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# imports repeated from earlier cells of the same notebook (added by the exporter)
+from dsml.comm.api import SizeOnly
+
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, check_algorithm, concat, expect_block, flat, length, mismatch_in, split
 
@@ -30,10 +33,11 @@ def allgather(comm, x, algorithm: str = "ring"):
 
 
 # -- cell 19
-def allgather_ring_blocks(comm, mine, index, sizes, root=0):
+def allgather_ring_blocks(comm, mine, index, sizes, root=0, into=None):
     """Ring all-gather of blocks: the rank at ring position `index` (ring position of rank r
     is (r − root) mod p) starts with block `index`; in step s it passes on the block it got
-    in step s − 1. After p − 1 steps every rank has all p blocks."""
+    in step s − 1. After p − 1 steps every rank has all p blocks. `into`, if given, is a list
+    of p arrays to copy each block into as it arrives (the all-reduce gathers in place)."""
     p = comm.size
     right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
     blocks = [None] * p
@@ -41,7 +45,11 @@ def allgather_ring_blocks(comm, mine, index, sizes, root=0):
     for step in range(p - 1):
         send_index, recv_index = (index - step) % p, (index - step - 1) % p
         got = yield comm.sendrecv(right, blocks[send_index], left, COLLECTIVE_TAG)
-        blocks[recv_index] = expect_block(got, mine, sizes[recv_index], left, comm, "allgather")
+        got = expect_block(got, mine, sizes[recv_index], left, comm, "allgather")
+        if into is not None and type(got) is not SizeOnly:
+            into[recv_index][...] = got
+            got = into[recv_index]
+        blocks[recv_index] = got
     return blocks
 
 

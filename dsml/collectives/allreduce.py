@@ -33,11 +33,12 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
                 data = yield from reduce_binomial(comm, data, 0, ufunc)
                 data = yield from broadcast_binomial(comm, data, 0)
             elif algorithm == "ring":
+                # The blocks are views of data (a private copy): the reduce-scatter sums
+                # into them and the all-gather copies into them, so data ends as the result.
                 blocks = split(data, block_sizes(length(data), comm.size))
                 mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
-                blocks = yield from allgather_ring_blocks(comm, mine, comm.rank,
-                                                          [length(b) for b in blocks])
-                data = concat(blocks)
+                yield from allgather_ring_blocks(comm, mine, comm.rank,
+                                                 [length(b) for b in blocks], into=blocks)
             elif algorithm == "recursive_doubling":
                 data = yield from allreduce_recursive_doubling(comm, data, ufunc)
             else:

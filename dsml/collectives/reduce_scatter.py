@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_like, flat, length, mismatch_in, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, combine_into, concat, copy, expect_like, flat, length, mismatch_in, split
 
 
 # -- cell 26
@@ -35,7 +35,8 @@ def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
 def reduce_scatter_ring_blocks(comm, blocks, ufunc):
     """Ring reduce-scatter: in step s rank r passes its running sum of block (r − s − 1) to
     the right and adds the running sum of block (r − s − 2) it receives from the left. After
-    p − 1 steps block r has collected every rank's contribution — on rank r."""
+    p − 1 steps block r has collected every rank's contribution — on rank r. The blocks must
+    be this rank's own (views of a private copy): the sums are written into them."""
     p, r = comm.size, comm.rank
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):
@@ -44,7 +45,7 @@ def reduce_scatter_ring_blocks(comm, blocks, ufunc):
         mine = blocks[recv_index]
         got = expect_like(got, mine, left, comm, "reduce_scatter")
         yield comm.combine(got.nbytes)
-        blocks[recv_index] = combine(mine, got, ufunc)
+        combine_into(mine, got, ufunc)
     return blocks[r]
 
 

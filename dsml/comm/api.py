@@ -202,9 +202,8 @@ class Comm:
         return int(tag)
 
     def send(self, dst: int, payload, tag: int = 0) -> Send:
-        """Request: send `payload` (snapshotted now) to `dst`."""
-        return Send(self._peer(dst, "dst"), snapshot(payload), self._tag(tag),
-                    payload_nbytes(payload))
+        """Request: send `payload` to `dst`; the engine snapshots it when this is yielded."""
+        return Send(self._peer(dst, "dst"), payload, self._tag(tag), payload_nbytes(payload))
 
     def recv(self, src: int, tag: int = 0) -> Recv:
         """Request: receive from `src`; yielding it returns the payload."""
@@ -217,9 +216,9 @@ class Comm:
         if not (type(dst) is int and type(src) is int and type(tag) is int and tag >= 0
                 and 0 <= dst < size and 0 <= src < size and dst != rank and src != rank):
             dst, src, tag = self._peer(dst, "dst"), self._peer(src, "src"), self._tag(tag)
-        if type(payload) is SizeOnly:                 # immutable: no snapshot needed
+        if type(payload) is SizeOnly:                 # the common case at scale
             return SendRecv(dst, payload, src, tag, payload.nbytes)
-        return SendRecv(dst, snapshot(payload), src, tag, payload_nbytes(payload))
+        return SendRecv(dst, payload, src, tag, payload_nbytes(payload))
 
     def compute(self, seconds: float) -> Compute:
         """Request: `seconds` of computation (simulated time; a no-op on real engines)."""

@@ -14,6 +14,9 @@ with the `threads` engine). The transport:
   order) waits in a per-destination backlog, written out whenever the rank waits — in a
   receive, or after its program has returned. So a send never blocks and pipe buffer sizes
   never turn a correct program into a deadlock (the eager semantics of every engine).
+- **The snapshot.** A send's payload is copied exactly once, by the transport: into the frame's
+  bytes (or the pickle) for small messages, into the segment for large arrays — before the
+  rank program runs on, which is all the snapshot semantics of a send asks.
 - **Waiting.** When there are no more ranks than CPUs this process may use (Linux), each rank
   is pinned to a CPU of its own, and a waiting receive polls its pipe for SPIN (200 µs) before
   it sleeps in poll(): a wake-up through the kernel costs tens of µs. Unpinned (more ranks

@@ -1,7 +1,7 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, payload_nbytes, start_rank
+from dsml.comm.api import Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, snapshot, start_rank
 from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Trace
 
 
@@ -86,7 +86,7 @@ def on_send(self, process, req):
         self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag)
         process.resume(None)
     self.network.transmit(rank, req.dst, req.nbytes, sent, self.deliver,
-                          (rank, req.dst, req.tag, req.payload))
+                          (rank, req.dst, req.tag, snapshot(req.payload)))
     return PENDING
 
 
@@ -157,8 +157,11 @@ def on_sendrecv(self, process, req):
     if exchange is None:
         exchange = self.exchanges[rank] = Exchange(self, process)
     exchange.req, exchange.start, exchange.pending = req, self.sim.now, 2
+    payload = req.payload
+    if type(payload) is not SizeOnly:      # the send's snapshot (placeholders are immutable)
+        payload = snapshot(payload)
     self.network.transmit(rank, req.dst, req.nbytes, exchange.sent, self.deliver,
-                          (rank, req.dst, req.tag, req.payload))
+                          (rank, req.dst, req.tag, payload))
     key = (req.src, req.tag)
     box = self.mailbox[rank].get(key)
     if box:

@@ -3,8 +3,8 @@
 One thread per rank, one inbound queue per rank. A send puts `(source, tag, payload)` on the
 receiver's queue and returns at once (an unbounded queue never blocks: sends are eager, as on
 every engine); a receive matches (source, tag) in arrival order, stashing the others
-(`driver.MatchingTransport`). Payloads are not copied again: `comm.send` has already taken a
-snapshot, and the receiver gets that snapshot itself.
+(`driver.MatchingTransport`). The send takes the snapshot of the payload (`api.snapshot`, a
+copy made before the rank runs on), and the receiver gets that snapshot itself.
 
 All ranks share one interpreter, so under the GIL the threads take turns: this engine shows
 shared-memory behaviour and interleavings, not parallel speed-up (DESIGN.md: use it to
@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 
-from dsml.comm.api import RankError, RunResult
+from dsml.comm.api import RankError, RunResult, snapshot
 from dsml.comm.driver import (Cancelled, MatchingTransport, Status, STATUS_FIELDS,
                               check_all_received, describe_exception, drive, make_result,
                               rank_failed, timed_out)
@@ -43,7 +43,7 @@ class ThreadTransport(MatchingTransport):
     def send(self, dst, tag, payload):
         if self.cancelled.is_set():
             raise Cancelled()
-        self.inboxes[dst].put((self.rank, tag, payload))
+        self.inboxes[dst].put((self.rank, tag, snapshot(payload)))
 
     def _next(self, src):
         get, cancelled = self.inbox.get, self.cancelled
