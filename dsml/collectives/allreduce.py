@@ -6,7 +6,7 @@ from dsml.comm.api import SizeOnly
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_blocks
 from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
-from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, copy, expect_block, expect_like, flat, is_power_of_two, length, mismatch_in, restore, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, empty_block, expect_block, expect_like, flat, is_power_of_two, length, mismatch_in, restore, split
 from dsml.collectives.reduce import reduce_binomial, reduce_naive
 from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
 
@@ -23,7 +23,7 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
     check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
     check_op(op, tuple(OPS) + ("mean",))
     ufunc = OPS["sum" if op == "mean" else op]
-    data = copy(flat(x))
+    data = flat(x)                       # only read: every algorithm writes its own buffers
     try:
         if comm.size > 1:
             if algorithm == "naive":
@@ -33,12 +33,15 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
                 data = yield from reduce_binomial(comm, data, 0, ufunc)
                 data = yield from broadcast_binomial(comm, data, 0)
             elif algorithm == "ring":
-                # The blocks are views of data (a private copy): the reduce-scatter sums
-                # into them and the all-gather copies into them, so data ends as the result.
-                blocks = split(data, block_sizes(length(data), comm.size))
-                mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
-                yield from allgather_ring_blocks(comm, mine, comm.rank,
-                                                 [length(b) for b in blocks], into=blocks)
+                # Sums and gathered blocks go straight into one new buffer, block by block:
+                # no copy of x first, no new array per step, no concatenation at the end.
+                sizes = block_sizes(length(data), comm.size)
+                result = empty_block(data, length(data))
+                into = split(result, sizes)
+                mine = yield from reduce_scatter_ring_blocks(comm, split(data, sizes), ufunc,
+                                                             into=into)
+                yield from allgather_ring_blocks(comm, mine, comm.rank, sizes, into=into)
+                data = result
             elif algorithm == "recursive_doubling":
                 data = yield from allreduce_recursive_doubling(comm, data, ufunc)
             else:

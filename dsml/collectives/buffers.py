@@ -65,7 +65,11 @@ def split(x, sizes):
     """Cut a flat buffer into consecutive blocks of the given sizes."""
     if isinstance(x, SizeOnly):
         return [SizeOnly(s) for s in sizes]
-    return np.split(x, np.cumsum(sizes)[:-1])
+    blocks, start = [], 0
+    for size in sizes:                 # plain slices (views): np.split costs ~7 µs a call
+        blocks.append(x[start:start + size])
+        start += size
+    return blocks
 
 
 def piece(x, start, stop):
@@ -101,19 +105,12 @@ def restore(data, x):
 
 
 # -- cell 10
-def combine(mine, theirs, ufunc):
-    """The reduction itself (placeholders reduce to themselves)."""
+def combine(mine, theirs, ufunc, out=None):
+    """The reduction itself, into a new array or into `out` (placeholders reduce to
+    themselves). Neither input is changed."""
     if type(mine) is SizeOnly:
         return mine
-    return ufunc(mine, theirs)
-
-
-def combine_into(mine, theirs, ufunc):
-    """The reduction written into `mine`, which must be this rank's private buffer: the
-    same bits as combine, without allocating a new array for every step."""
-    if type(mine) is not SizeOnly:
-        ufunc(mine, theirs, out=mine)
-    return mine
+    return ufunc(mine, theirs, out=out)
 
 
 class MismatchError(ValueError):

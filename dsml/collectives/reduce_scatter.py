@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, combine_into, concat, copy, expect_like, flat, length, mismatch_in, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, expect_like, flat, length, mismatch_in, split
 
 
 # -- cell 26
@@ -19,7 +19,7 @@ def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
     row = int(np.prod(x.shape[1:])) if isinstance(x, np.ndarray) and x.ndim > 1 else 1
     rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim else length(data)
     sizes = [s * row for s in block_sizes(rows, comm.size)]
-    blocks = split(copy(data), sizes)
+    blocks = split(data, sizes)            # views of x: the algorithms only read them
     try:
         if algorithm == "ring":
             mine = yield from reduce_scatter_ring_blocks(comm, blocks, ufunc)
@@ -27,26 +27,30 @@ def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
             mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
     except MismatchError as error:
         raise mismatch_in("reduce_scatter", comm, x, error) from None
+    if isinstance(mine, np.ndarray) and np.shares_memory(mine, data):
+        mine = mine.copy()                 # p = 1: never hand back the caller's memory
     if isinstance(x, np.ndarray) and x.ndim > 1:
         mine = mine.reshape((-1,) + x.shape[1:])
     return mine
 
 
-def reduce_scatter_ring_blocks(comm, blocks, ufunc):
+def reduce_scatter_ring_blocks(comm, blocks, ufunc, into=None):
     """Ring reduce-scatter: in step s rank r passes its running sum of block (r − s − 1) to
     the right and adds the running sum of block (r − s − 2) it receives from the left. After
-    p − 1 steps block r has collected every rank's contribution — on rank r. The blocks must
-    be this rank's own (views of a private copy): the sums are written into them."""
+    p − 1 steps block r has collected every rank's contribution — on rank r. `blocks` are
+    only read; each sum goes into a new array, or into `into[i]` if a list of p buffers is
+    given (each block is summed at most once per rank, so one buffer per block suffices)."""
     p, r = comm.size, comm.rank
     right, left = (r + 1) % p, (r - 1) % p
+    sums = list(blocks)                   # the running sum of each block, as this rank has it
     for step in range(p - 1):
         send_index, recv_index = (r - step - 1) % p, (r - step - 2) % p
-        got = yield comm.sendrecv(right, blocks[send_index], left, COLLECTIVE_TAG)
-        mine = blocks[recv_index]
+        got = yield comm.sendrecv(right, sums[send_index], left, COLLECTIVE_TAG)
+        mine = sums[recv_index]
         got = expect_like(got, mine, left, comm, "reduce_scatter")
         yield comm.combine(got.nbytes)
-        combine_into(mine, got, ufunc)
-    return blocks[r]
+        sums[recv_index] = combine(mine, got, ufunc, None if into is None else into[recv_index])
+    return sums[r]
 
 
 # -- cell 27
