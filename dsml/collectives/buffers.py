@@ -64,7 +64,10 @@ def block_sizes(n: int, p: int) -> list[int]:
 def split(x, sizes):
     """Cut a flat buffer into consecutive blocks of the given sizes."""
     if isinstance(x, SizeOnly):
-        return [SizeOnly(s) for s in sizes]
+        # Placeholders are immutable: equal sizes share one (a 1,024-rank ring holds p blocks
+        # per rank, and a million small objects slow the garbage collector down).
+        made = {}
+        return [made.get(s) or made.setdefault(s, SizeOnly(s)) for s in sizes]
     blocks, start = [], 0
     for size in sizes:                 # plain slices (views): np.split costs ~7 µs a call
         blocks.append(x[start:start + size])
