@@ -7,10 +7,7 @@ ranks agree costs no simulated time: real arrays, `SizeOnly` placeholders and `c
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ from dsml import DeadlockError, RankError
 from dsml.collectives import (COLLECTIVE_ALGORITHMS, allgather, allreduce, alltoall, broadcast,
                               cost, reduce, reduce_scatter)
 from dsml.comm.api import SizeOnly
+from leaks import nothing_left_behind  # noqa: F401
 
 NET = dsml.net.AlphaBeta(alpha=2.3e-6, beta=1.1e-10, gamma=3.7e-11)
 TIMEOUT = 60.0          # s: real engines, runs that should succeed or fail on their own
@@ -32,27 +30,6 @@ PAIRS = [(op, algorithm) for op, algorithms in COLLECTIVE_ALGORITHMS.items()
 PAIR_IDS = [f"{op}-{algorithm}" for op, algorithm in PAIRS]
 ARRAY_PAIRS = [pair for pair in PAIRS if pair[0] != "alltoall"]
 ARRAY_PAIR_IDS = [f"{op}-{algorithm}" for op, algorithm in ARRAY_PAIRS]
-
-
-def our_segments():
-    """Shared-memory segments of processes-engine runs started by this test process."""
-    if not os.path.isdir("/dev/shm"):
-        return []
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getpid()}_"))
-
-
-def rank_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("dsml-rank")]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    """After every test, failed runs included: no segment, no child process, no rank thread."""
-    assert our_segments() == []
-    yield
-    assert our_segments() == []
-    assert multiprocessing.active_children() == []
-    assert rank_threads() == []
 
 
 def collective_program(comm, op, inputs, kwargs):

@@ -10,9 +10,6 @@ Everything is derandomized: the same examples run on every machine.
 from __future__ import annotations
 
 import functools
-import multiprocessing
-import os
-import threading
 
 import numpy as np
 import pytest
@@ -24,6 +21,7 @@ from dsml.collectives import (ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BROADC
                               REDUCE_ALGORITHMS, REDUCE_SCATTER_ALGORITHMS, allgather, allreduce,
                               alltoall, broadcast, reduce, reduce_scatter)
 from dsml.comm import processes as processes_engine
+from leaks import nothing_left_behind  # noqa: F401
 
 NET = dsml.net.AlphaBeta(alpha=2e-6, beta=1e-10, gamma=2.5e-11)
 TIMEOUT = 60.0                      # s, real engines: generous, a 2-core CI machine is slow
@@ -45,16 +43,6 @@ CASES = ([("broadcast", a) for a in BROADCAST_ALGORITHMS]
          + [("reduce_scatter", a) for a in REDUCE_SCATTER_ALGORITHMS]
          + [("alltoall", "pairwise")])
 CASE_IDS = [f"{name}-{algorithm}" for name, algorithm in CASES]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    """Every run ends clean: no shared-memory segment, child process or rank thread left."""
-    yield
-    if os.path.isdir("/dev/shm"):
-        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getpid()}_")] == []
-    assert multiprocessing.active_children() == []
-    assert [t for t in threading.enumerate() if t.name.startswith("dsml-rank")] == []
 
 
 # --- rank programs ----------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Real processes on a small CI machine: generous timeouts, deterministic data, no 
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -19,31 +18,25 @@ import pytest
 import dsml
 from dsml import RankError
 from dsml.comm import processes
+from leaks import HAVE_DEV_SHM, nothing_left_behind  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0
 MiB = 1 << 20
-HAVE_DEV_SHM = os.path.isdir("/dev/shm")
 
 
-def our_segments():
-    """Segments of runs started by this process (other processes may run their own)."""
-    if not HAVE_DEV_SHM:
-        return []
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getpid()}_"))
+def child_env() -> dict:
+    """The environment of a child Python that imports this module: the repository and tests/
+    (for its helper `leaks`) on the path, the default start method."""
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    env.pop("DSML_START_METHOD", None)
+    return env
 
 
 def parents_segments():
     """Called inside a rank: the segments of the run it belongs to (fork: parent = the run)."""
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"dsml_{os.getppid()}_")]
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    assert our_segments() == []
-    yield
-    assert our_segments() == []
-    assert multiprocessing.active_children() == []
 
 
 def run(program, p, **kwargs):
@@ -225,8 +218,7 @@ def test_a_rank_that_fails_holding_received_arrays_leaves_nothing_and_prints_not
         except dsml.RankError as error:
             print("failed as expected:", error.rank, str(error).splitlines()[0])
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("DSML_START_METHOD", None)
+    env = child_env()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr
@@ -454,8 +446,7 @@ def test_no_resource_tracker_warning_after_success_and_every_failure():
             except dsml.RankError as error:
                 print("failed as expected:", what)
     """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("DSML_START_METHOD", None)
+    env = child_env()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stderr

@@ -16,19 +16,10 @@ import pytest
 import dsml
 from dsml import RankError, SizeOnly
 from dsml.comm import threads as threads_engine
+from leaks import nothing_left_behind, rank_threads  # noqa: F401
 
 TIMEOUT = 60.0
 NET = dsml.net.AlphaBeta(1e-6, 1e-9)
-
-
-def rank_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("dsml-rank")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_left_behind():
-    yield
-    assert rank_threads() == []
 
 
 def run(program, p, **kwargs):
