@@ -359,16 +359,21 @@ def encode_frame(tag, payload) -> bytes:
     return _PICKLED_HEAD.pack(len(body) + 1, _PICKLED) + body
 
 
+def _dtype_of(code: bytes) -> np.dtype:
+    """The dtype a frame's dtype code names (cached: decoding a name costs microseconds)."""
+    dtype = _DTYPES.get(code)
+    if dtype is None:
+        dtype = _DTYPES[code] = np.dtype(code.decode())
+    return dtype
+
+
 def decode_frame(buf, pos, size):
     """(tag, payload) of the frame whose body is buf[pos + 8 : pos + 8 + size]."""
     kind = buf[pos + 8]
     if kind == _RAW:
         _, _, tag, ndim, code_size = _RAW_HEAD.unpack_from(buf, pos)
         at = pos + _RAW_HEAD.size
-        code = bytes(buf[at:at + code_size])
-        dtype = _DTYPES.get(code)
-        if dtype is None:
-            dtype = _DTYPES[code] = np.dtype(code.decode())
+        dtype = _dtype_of(bytes(buf[at:at + code_size]))
         at += code_size
         shape = _DIMS[ndim].unpack_from(buf, at)
         at += 8 * ndim
@@ -380,10 +385,7 @@ def decode_frame(buf, pos, size):
     if kind == _REF:
         _, _, tag, ndim, code_size, name_size = _REF_HEAD.unpack_from(buf, pos)
         at = pos + _REF_HEAD.size
-        code = bytes(buf[at:at + code_size])
-        dtype = _DTYPES.get(code)
-        if dtype is None:
-            dtype = _DTYPES[code] = np.dtype(code.decode())
+        dtype = _dtype_of(bytes(buf[at:at + code_size]))
         at += code_size
         name = buf[at:at + name_size].decode()
         shape = _DIMS[ndim].unpack_from(buf, at + name_size)
