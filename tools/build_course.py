@@ -157,7 +157,7 @@ def write_index(results: list[dict], outdir: Path) -> None:
         "<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
         "<title>Distributed Systems for Machine Learning from first principles</title>",
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-        "td,th{padding:.3em .8em;text-align:left}</style></head><body>",
+        "td,th{padding:.3em .8em;text-align:left}td+td{white-space:nowrap}</style></head><body>",
         "<h1>Distributed Systems for Machine Learning from first principles</h1>",
         "<table><tr><th>week</th><th>run time</th><th>figures</th><th>asserts</th>"
         "<th>exercises</th><th>status</th></tr>",
