@@ -224,7 +224,8 @@ def available() -> dict:
         if not dist.is_available() or not dist.is_gloo_available():
             missing["gloo"] = "this torch has no gloo backend"
     except ImportError:
-        missing["gloo"] = "torch is not installed"
+        missing["gloo"] = ("torch is not installed (pip install -e '.[torch]': the CPU build "
+                           "of torch 2.13.0)")
     return missing
 
 
