@@ -3,7 +3,7 @@
 `load_digits()` returns the 1,797 handwritten digits of the UCI "Optical Recognition of
 Handwritten Digits" test set (Alpaydin & Kaynak, 1998; CC BY 4.0): 8×8 images whose pixels
 count the ink in 4×4 blocks of a 32×32 bitmap (integers 0..16), and their labels 0..9. Source,
-licence and how the file was made: dsml/train/data/README.md.
+licence and how the file was made: dsml/train/files/README.md.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parent / "data"
-DIGITS_FILE = DATA / "digits.npz"
+FILES = Path(__file__).resolve().parent / "files"
+DIGITS_FILE = FILES / "digits.npz"
 DIGITS_SHA256 = "b2dab7b501728c22e9119ad76740b2e17c77a231e42d1e592380d90886f1a05e"
 
 
