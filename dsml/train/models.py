@@ -136,7 +136,9 @@ def accuracy(logits, y) -> float:
 
 def numerical_gradient(model, X, y, loss: str = "cross_entropy", eps: float = 1e-6):
     """Central differences (L(w + ε) − L(w − ε)) / 2ε, one parameter entry at a time — slow,
-    and only for checking backward on small models."""
+    and only for checking backward on small models. Leaves the model as it found it."""
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     grads = {}
     for name, param in model.params.items():
         if name in model.frozen:
@@ -151,4 +153,5 @@ def numerical_gradient(model, X, y, loss: str = "cross_entropy", eps: float = 1e
             param[index] = saved
             g[index] = (up - down) / (2 * eps)
         grads[name] = g
+    model.forward(X)                 # the cached activations are those of the real weights again
     return grads

@@ -57,13 +57,16 @@ class Adam(Optimizer):
         self.betas, self.eps = tuple(betas), float(eps)
 
     def moments(self, name, g):
-        """Bias-corrected first and second moments of this parameter's gradients."""
+        """Bias-corrected first and second moments of this parameter's gradients. Each
+        parameter counts its own steps (as torch.optim.Adam does): one that had no gradient for
+        a while — frozen, say — is corrected for the steps it actually took."""
         b1, b2 = self.betas
-        m, v = self.state.get(name, (np.zeros_like(g), np.zeros_like(g)))
+        m, v, t = self.state.get(name, (np.zeros_like(g), np.zeros_like(g), 0))
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
-        self.state[name] = (m, v)
-        return m / (1 - b1 ** self.steps), v / (1 - b2 ** self.steps)
+        t += 1
+        self.state[name] = (m, v, t)
+        return m / (1 - b1 ** t), v / (1 - b2 ** t)
 
     def update(self, name, w, g):
         if self.weight_decay:
@@ -79,7 +82,9 @@ class LARS(Optimizer):
 
     def update(self, name, w, g):
         w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
-        local = _trust_ratio(self.trust_coefficient * w_norm, g_norm + self.weight_decay * w_norm)
+        # 1 when either norm is 0 (a fresh bias, a parameter with no gradient this step)
+        local = (self.trust_coefficient * w_norm / (g_norm + self.weight_decay * w_norm)
+                 if w_norm > 0 and g_norm > 0 else 1.0)
         self.trust[name] = local
         v = self.state.get(name, np.zeros_like(w))
         v = self.momentum * v + local * (g + self.weight_decay * w)
