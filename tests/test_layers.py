@@ -16,6 +16,7 @@ LAYERS = {
     "dsml.comm": 3,
     "dsml.collectives": 4,
     "dsml.train": 5,
+    "dsml.data_parallel": 6,
     "dsml.viz": 7,
     "dsml.exercises": 8,
     "dsml.cli": 9,

@@ -1,0 +1,86 @@
+"""Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 23
+import numpy as np
+
+from dsml.collectives import allreduce
+from dsml.train.models import loss_and_grads
+
+
+def shard_bounds(n: int, p: int, rank: int):
+    """[start, stop) of rank's share of n examples, cut as np.array_split cuts them: the first
+    n mod p shards get one example more; with n < p the last shards are empty."""
+    base, extra = divmod(n, p)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def flatten(grads):
+    """Named arrays → one float64 vector and its layout [(name, shape), …]."""
+    layout = [(name, g.shape) for name, g in grads.items()]
+    if not grads:
+        return np.zeros(0), layout
+    return np.concatenate([np.ravel(g) for g in grads.values()]).astype(np.float64), layout
+
+
+def unflatten(vector, layout):
+    """The inverse of flatten: a dict of arrays (views into `vector`)."""
+    grads, at = {}, 0
+    for name, shape in layout:
+        size = int(np.prod(shape))
+        grads[name] = vector[at:at + size].reshape(shape)
+        at += size
+    return grads
+
+
+def _check_finite(step, loss, grads):
+    if not np.isfinite(loss):
+        raise FloatingPointError(f"step {step}: the loss is {loss}; stopping rather than "
+                                 f"training on it")
+    for name, g in grads.items():
+        if not np.all(np.isfinite(g)):
+            raise FloatingPointError(f"step {step}: non-finite gradient in {name}")
+
+
+def data_parallel_sgd(comm, model, optimizer, X, y, batches, loss="cross_entropy",
+                      algorithm="ring"):
+    """Rank program body (`yield from` it): synchronous data-parallel SGD over the global
+    `batches` (index arrays, the same on every rank). Each rank computes its shard's gradient
+    sums; one all-reduce of a flat vector (gradients + loss) gives every rank the batch's mean
+    gradient; every rank takes the same step. Returns the batch losses."""
+    losses = []
+    for step, batch in enumerate(batches):
+        batch = np.asarray(batch)
+        if len(batch) == 0:
+            raise ValueError(f"step {step}: the batch is empty")
+        start, stop = shard_bounds(len(batch), comm.size, comm.rank)
+        mine = batch[start:stop]
+        if len(mine):
+            local_loss, grads = loss_and_grads(model, X[mine], y[mine], loss)
+            local = {name: g * len(mine) for name, g in grads.items()}   # shard sums
+            local_loss *= len(mine)
+        else:                                  # an empty shard adds nothing to the sums
+            local = {name: np.zeros_like(w) for name, w in model.params.items()
+                     if name not in model.frozen}
+            local_loss = 0.0
+        vector, layout = flatten(local)
+        total = yield from allreduce(comm, np.append(vector, local_loss), op="sum",
+                                     algorithm=algorithm)
+        grads = unflatten(total[:-1] / len(batch), layout)
+        batch_loss = float(total[-1] / len(batch))
+        _check_finite(step, batch_loss, grads)
+        optimizer.step(model.params, grads)
+        losses.append(batch_loss)
+    return losses
+
+
+def train_single(model, optimizer, X, y, batches, loss="cross_entropy"):
+    """The one-process reference: each whole batch, one step. Returns the batch losses."""
+    losses = []
+    for step, batch in enumerate(batches):
+        value, grads = loss_and_grads(model, X[batch], y[batch], loss)
+        _check_finite(step, value, grads)
+        optimizer.step(model.params, grads)
+        losses.append(value)
+    return losses
