@@ -84,3 +84,33 @@ def train_single(model, optimizer, X, y, batches, loss="cross_entropy"):
         optimizer.step(model.params, grads)
         losses.append(value)
     return losses
+
+
+# -- cell 28
+def accumulated_grads(model, X, y, batch, micro_batch: int, loss="cross_entropy"):
+    """(loss, gradients) of the whole `batch`, computed in micro-batches of `micro_batch`
+    examples and accumulated as a size-weighted mean — equal to one pass over the batch."""
+    batch = np.asarray(batch)
+    if micro_batch < 1 or len(batch) == 0:
+        raise ValueError(f"need micro_batch ≥ 1 and a non-empty batch, got micro_batch="
+                         f"{micro_batch}, batch of {len(batch)}")
+    total_loss, total = 0.0, None
+    for start in range(0, len(batch), micro_batch):
+        part = batch[start:start + micro_batch]
+        value, grads = loss_and_grads(model, X[part], y[part], loss)
+        total_loss += value * len(part)
+        if total is None:
+            total = {name: g * len(part) for name, g in grads.items()}
+        else:
+            for name, g in grads.items():
+                total[name] += g * len(part)
+    return total_loss / len(batch), {name: g / len(batch) for name, g in total.items()}
+
+
+def activation_bytes(model) -> int:
+    """Bytes the model keeps from its last forward pass for backward (inputs and
+    pre-activations of every layer): the memory that micro-batching shrinks."""
+    if model._cache is None:
+        return 0
+    inputs, pre = model._cache
+    return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
