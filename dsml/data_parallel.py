@@ -35,12 +35,14 @@ def unflatten(vector, layout):
 
 
 def _check_finite(step, loss, grads):
+    # Gradients first, in forward order: they name the layer to look at. The loss only when it
+    # alone is bad (every parameter frozen, or a loss that overflowed while its gradients did not).
+    for name, g in grads.items():
+        if not np.all(np.isfinite(g)):
+            raise FloatingPointError(f"step {step}: non-finite gradient in {name} (loss {loss})")
     if not np.isfinite(loss):
         raise FloatingPointError(f"step {step}: the loss is {loss}; stopping rather than "
                                  f"training on it")
-    for name, g in grads.items():
-        if not np.all(np.isfinite(g)):
-            raise FloatingPointError(f"step {step}: non-finite gradient in {name}")
 
 
 def data_parallel_sgd(comm, model, optimizer, X, y, batches, loss="cross_entropy",
