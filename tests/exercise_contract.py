@@ -1,7 +1,8 @@
 """The exercise contract every week's checkers keep, as helpers for the week test modules.
 
 Each `tests/test_exercises_weekN.py` keeps what only that week knows (its named wrong answers,
-its hints, its cases) and calls these helpers from thin parametrized tests for the rest:
+its hints, its cases) and adopts the rest with one line,
+`globals().update(contract_tests(week, count, solution, WRONG, ...))`, which checks that:
 
 - every reference solution in `solutions/weekN.py` passes its checker, and every checker has
   a reference solution and every solution a checker;
@@ -308,3 +309,78 @@ def assert_cells_print_correct(week: int, lines: list[str]) -> None:
     assert len(lines) == len(ids)
     for exercise_id, line in zip(ids, lines):
         assert line.startswith(f"✓ Exercise {exercise_id} ("), line
+
+
+# --- the contract's tests, written once --------------------------------------------------------
+
+def contract_tests(week: int, count: int, solution: ModuleType, wrong: dict,
+                   not_attempted_id: str, right: dict | None = None,
+                   hint_words: dict | None = None, rank_programs=()) -> dict[str, Callable]:
+    """The tests every week's exercises must pass, as test functions for a week's module to
+    adopt with `globals().update(contract_tests(...))`: each reference solution passes, each
+    named mistake fails (with `hint_words` in its hint if given), each other right answer passes,
+    untouched stubs are "not attempted", a learner's crash is ✗, and checkers and solutions
+    match one to one. `rank_programs` lists the exercises whose answer is a rank program."""
+    ids = exercise_ids(week)
+    hint_words = hint_words or {}
+
+    def test_week_has_its_exercises():
+        assert_week_has_exercises(week, count, wrong)
+
+    @pytest.mark.parametrize("exercise_id", ids)
+    def test_reference_solution_passes(exercise_id):
+        assert_passes(exercise_id, reference(week, exercise_id, solution))
+
+    @pytest.mark.parametrize("exercise_id, wrong_answer", answer_cases(wrong), ids=case_name)
+    def test_named_mistake_fails(exercise_id, wrong_answer):
+        assert_mistake_fails(exercise_id, wrong_answer, hint_words.get(wrong_answer))
+
+    @pytest.mark.parametrize("exercise_id", ids)
+    def test_untouched_stub_is_not_attempted(exercise_id):
+        assert_untouched_stub_is_not_attempted(exercise_id)
+
+    @pytest.mark.parametrize("answer", [None, ...])
+    def test_none_or_ellipsis_is_not_attempted(answer):
+        assert_is_not_attempted(not_attempted_id, answer)
+
+    @pytest.mark.parametrize("exercise_id", ids)
+    def test_learner_exception_is_failed_not_raised(exercise_id):
+        assert_learner_exception_is_failed(exercise_id)
+
+    def test_every_checker_has_a_solution_and_every_solution_a_checker():
+        assert_solutions_match_checkers(week, solution)
+
+    tests = {f"test_week{week}_has_{count}_exercises": test_week_has_its_exercises,
+             "test_reference_solution_passes": test_reference_solution_passes,
+             "test_named_mistake_fails": test_named_mistake_fails,
+             "test_untouched_stub_is_not_attempted": test_untouched_stub_is_not_attempted,
+             "test_none_or_ellipsis_is_not_attempted": test_none_or_ellipsis_is_not_attempted,
+             "test_learner_exception_is_failed_not_raised":
+                 test_learner_exception_is_failed_not_raised,
+             "test_every_checker_has_a_solution_and_every_solution_a_checker":
+                 test_every_checker_has_a_solution_and_every_solution_a_checker}
+    if right:
+        @pytest.mark.parametrize("exercise_id, right_answer", answer_cases(right), ids=case_name)
+        def test_other_right_answer_passes(exercise_id, right_answer):
+            assert_passes(exercise_id, right_answer)
+        tests["test_other_right_answer_passes"] = test_other_right_answer_passes
+    if rank_programs:
+        @pytest.mark.parametrize("exercise_id", list(rank_programs))
+        def test_generator_stub_of_a_rank_program_is_not_attempted(exercise_id):
+            assert_generator_stub_is_not_attempted(exercise_id)
+
+        @pytest.mark.parametrize("exercise_id", list(rank_programs))
+        def test_rank_program_that_raises_is_failed(exercise_id):
+            assert_crashed_rank_program_is_failed(exercise_id)
+
+        @pytest.mark.parametrize("exercise_id", list(rank_programs))
+        def test_rank_program_returning_none_is_named(exercise_id):
+            assert_rank_program_returning_none_is_named(exercise_id)
+        tests.update({
+            "test_generator_stub_of_a_rank_program_is_not_attempted":
+                test_generator_stub_of_a_rank_program_is_not_attempted,
+            "test_rank_program_that_raises_is_failed": test_rank_program_that_raises_is_failed,
+            "test_rank_program_returning_none_is_named": test_rank_program_returning_none_is_named})
+    for name, test in tests.items():
+        test.__name__ = test.__qualname__ = name
+    return tests

@@ -160,7 +160,6 @@ WRONG = {
     "1.9": [bisection_no_wraparound, bisection_half_hosts],
 }
 
-WEEK1 = contract.exercise_ids(1)
 RANK_PROGRAMS = ["1.7"]     # the exercises whose answer is a rank program (a generator)
 
 
@@ -170,48 +169,8 @@ def reference(exercise_id):
 
 # --- the contract every week keeps -------------------------------------------------------------
 
-def test_week1_has_nine_exercises():
-    contract.assert_week_has_exercises(1, 9, WRONG)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK1)
-def test_reference_solution_passes(exercise_id):
-    contract.assert_passes(exercise_id, reference(exercise_id))
-
-
-@pytest.mark.parametrize("exercise_id, wrong", contract.answer_cases(WRONG),
-                         ids=contract.case_name)
-def test_named_mistake_fails(exercise_id, wrong):
-    contract.assert_mistake_fails(exercise_id, wrong)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK1)
-def test_untouched_stub_is_not_attempted(exercise_id):
-    contract.assert_untouched_stub_is_not_attempted(exercise_id)
-
-
-@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
-def test_generator_stub_of_a_rank_program_is_not_attempted(exercise_id):
-    contract.assert_generator_stub_is_not_attempted(exercise_id)
-
-
-@pytest.mark.parametrize("answer", [None, ...])
-def test_none_or_ellipsis_is_not_attempted(answer):
-    contract.assert_is_not_attempted("1.4", answer)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK1)
-def test_learner_exception_is_failed_not_raised(exercise_id):
-    contract.assert_learner_exception_is_failed(exercise_id)
-
-
-@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
-def test_rank_program_that_raises_is_failed(exercise_id):
-    contract.assert_crashed_rank_program_is_failed(exercise_id)
-
-
-def test_every_checker_has_a_solution_and_every_solution_a_checker():
-    contract.assert_solutions_match_checkers(1, solution)
+globals().update(contract.contract_tests(
+    1, 9, solution, WRONG, not_attempted_id="1.4", rank_programs=RANK_PROGRAMS))
 
 
 def test_no_stub_shadows_a_name_the_notebook_body_defines():

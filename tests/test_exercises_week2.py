@@ -9,7 +9,6 @@ import math
 import re
 
 import numpy as np
-import pytest
 
 import exercise_contract as contract
 from dsml.collectives import allgather, allreduce, best_algorithm, cost
@@ -404,69 +403,14 @@ RIGHT = {
     "2.7": [busbw_from_table],
 }
 
-WEEK2 = contract.exercise_ids(2)
 RANK_PROGRAMS = ["2.1", "2.3", "2.4"]   # the exercises whose answer is a rank program
-
-
-def reference(exercise_id):
-    return contract.reference(2, exercise_id, solution)
 
 
 # --- the contract every week keeps -------------------------------------------------------------
 
-def test_week2_has_eight_exercises():
-    contract.assert_week_has_exercises(2, 8, WRONG)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK2)
-def test_reference_solution_passes(exercise_id):
-    contract.assert_passes(exercise_id, reference(exercise_id))
-
-
-@pytest.mark.parametrize("exercise_id, wrong", contract.answer_cases(WRONG),
-                         ids=contract.case_name)
-def test_named_mistake_fails(exercise_id, wrong):
-    contract.assert_mistake_fails(exercise_id, wrong, HINT_WORDS.get(wrong))
-
-
-@pytest.mark.parametrize("exercise_id, right", contract.answer_cases(RIGHT),
-                         ids=contract.case_name)
-def test_other_right_answer_passes(exercise_id, right):
-    contract.assert_passes(exercise_id, right)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK2)
-def test_untouched_stub_is_not_attempted(exercise_id):
-    contract.assert_untouched_stub_is_not_attempted(exercise_id)
-
-
-@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
-def test_generator_stub_of_a_rank_program_is_not_attempted(exercise_id):
-    contract.assert_generator_stub_is_not_attempted(exercise_id)
-
-
-@pytest.mark.parametrize("answer", [None, ...])
-def test_none_or_ellipsis_is_not_attempted(answer):
-    contract.assert_is_not_attempted("2.6", answer)
-
-
-@pytest.mark.parametrize("exercise_id", WEEK2)
-def test_learner_exception_is_failed_not_raised(exercise_id):
-    contract.assert_learner_exception_is_failed(exercise_id)
-
-
-@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
-def test_rank_program_that_raises_is_failed(exercise_id):
-    contract.assert_crashed_rank_program_is_failed(exercise_id)
-
-
-@pytest.mark.parametrize("exercise_id", RANK_PROGRAMS)
-def test_rank_program_returning_none_is_named(exercise_id):
-    contract.assert_rank_program_returning_none_is_named(exercise_id)
-
-
-def test_every_checker_has_a_solution_and_every_solution_a_checker():
-    contract.assert_solutions_match_checkers(2, solution)
+globals().update(contract.contract_tests(
+    2, 8, solution, WRONG, not_attempted_id="2.6", right=RIGHT, hint_words=HINT_WORDS,
+    rank_programs=RANK_PROGRAMS))
 
 
 # --- week 2's hints ----------------------------------------------------------------------------
