@@ -742,3 +742,24 @@ def test_numerical_gradient_leaves_the_forward_cache_of_the_real_weights():
     _, dlogits = softmax_cross_entropy(model.forward(X), y)
     again = model.backward(dlogits)
     assert all(np.array_equal(fresh[k], again[k]) for k in fresh)
+
+
+def test_teacher_classes_is_seeded_and_splits_one_teacher():
+    from dsml.train.data import teacher_classes
+    X, y, Xt, yt = teacher_classes(500, 200, dim=7, classes=4, seed=2)
+    assert X.shape == (500, 7) and Xt.shape == (200, 7) and y.dtype == np.int64
+    assert set(np.unique(np.concatenate([y, yt]))) <= set(range(4))
+    again = teacher_classes(500, 200, dim=7, classes=4, seed=2)
+    assert all(np.array_equal(a, b) for a, b in zip((X, y, Xt, yt), again))
+    other = teacher_classes(500, 200, dim=7, classes=4, seed=3)
+    assert not np.array_equal(other[0], X)
+    # the test set is labelled by the same teacher: a larger draw starts with the same examples
+    bigger = teacher_classes(700, 0, dim=7, classes=4, seed=2)
+    assert np.array_equal(bigger[0][500:], Xt) and np.array_equal(bigger[1][500:], yt)
+
+
+@pytest.mark.parametrize("args", [(-1, 0), (10, -1), (10, 0, 0), (10, 0, 5, 1)])
+def test_teacher_classes_names_bad_sizes(args):
+    from dsml.train.data import teacher_classes
+    with pytest.raises(ValueError, match="need n_train"):
+        teacher_classes(*args)

@@ -53,6 +53,22 @@ def teacher(n: int, sizes=(10, 32, 1), noise: float = 0.1, seed: int = 0):
     return X, h + noise * rng.standard_normal(h.shape)
 
 
+def teacher_classes(n_train: int, n_test: int = 0, dim: int = 20, classes: int = 10,
+                    seed: int = 0):
+    """A classification problem with as many examples as wanted: inputs N(0, I), labels the
+    arg-max of a random tanh network's outputs (the teacher, fixed by `seed`). Returns
+    (X_train, y_train, X_test, y_test); X float64 (n, dim), y int64."""
+    if n_train < 0 or n_test < 0 or dim < 1 or classes < 2:
+        raise ValueError(f"need n_train, n_test ≥ 0, dim ≥ 1, classes ≥ 2; got {n_train}, "
+                         f"{n_test}, {dim}, {classes}")
+    rng = _rng(seed)
+    w1 = rng.standard_normal((dim, 64)) / np.sqrt(dim)
+    w2 = rng.standard_normal((64, classes)) / np.sqrt(64)
+    X = rng.standard_normal((n_train + n_test, dim))
+    y = np.argmax(np.tanh(X @ w1) @ w2, axis=1).astype(np.int64)
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+
+
 def sparse_regression(n: int, d: int = 100, nonzero: int = 5, noise: float = 0.1, seed: int = 0):
     """y = X w + noise with only `nonzero` of the d weights non-zero (week 4's sparse updates):
     (X (n, d), y (n,), w_true (d,))."""
