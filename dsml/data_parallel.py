@@ -116,3 +116,26 @@ def activation_bytes(model) -> int:
         return 0
     inputs, pre = model._cache
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
+
+
+# -- cell 42
+def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
+                         loss="cross_entropy"):
+    """McCandlish et al.'s simple noise scale tr(Σ)/|G|² at the model's current weights, from
+    the mean squared gradient norm at two batch sizes: E|G_B|² = |G|² + tr(Σ)/B. Returns
+    (noise scale, |G|², tr Σ). Batches are drawn by `rng` without replacement."""
+    if not 1 <= small < big <= len(X):
+        raise ValueError(f"need 1 ≤ small < big ≤ {len(X)} examples, got small={small}, big={big}")
+
+    def mean_square(batch_size):
+        total = 0.0
+        for _ in range(repeats):
+            chosen = rng.choice(len(X), batch_size, replace=False)
+            grads = loss_and_grads(model, X[chosen], y[chosen], loss)[1]
+            total += sum(float(np.sum(g * g)) for g in grads.values())
+        return total / repeats
+
+    g_small, g_big = mean_square(small), mean_square(big)
+    true_square = (big * g_big - small * g_small) / (big - small)
+    trace = (g_small - g_big) / (1 / small - 1 / big)
+    return trace / true_square, true_square, trace

@@ -69,3 +69,42 @@ def test_bad_micro_batches_are_named(problem, micro, batch):
     X, y = problem
     with pytest.raises(ValueError, match="micro_batch"):
         accumulated_grads(MLP([6, 4]), X, y, batch, micro)
+
+
+# --- the gradient noise scale (dsml.data_parallel.gradient_noise_scale) ------------------------
+
+def test_noise_scale_is_positive_and_reproducible():
+    from dsml.data_parallel import gradient_noise_scale
+    from dsml.train.data import teacher_classes
+    X, y, _, _ = teacher_classes(2000, 0, dim=8, classes=5, seed=4)
+    model = MLP([8, 16, 5], seed=0)
+    first = gradient_noise_scale(model, X, y, np.random.default_rng(1), small=16, big=512)
+    again = gradient_noise_scale(model, X, y, np.random.default_rng(1), small=16, big=512)
+    assert first == again
+    scale, g_square, trace = first
+    assert g_square > 0 and trace > 0 and scale == pytest.approx(trace / g_square)
+
+
+def test_noise_scale_grows_when_the_gradient_shrinks():
+    """Near a minimum |G|² falls while the per-example noise does not: the scale grows."""
+    from dsml.data_parallel import gradient_noise_scale
+    from dsml.train import make_optimizer
+    from dsml.train.data import teacher_classes
+    X, y, _, _ = teacher_classes(4000, 0, dim=8, classes=5, seed=4)
+    model = MLP([8, 32, 5], seed=0)
+    before = gradient_noise_scale(model, X, y, np.random.default_rng(2), small=16, big=1024)[0]
+    opt = make_optimizer("adam", 0.01)
+    for step in range(300):
+        batch = np.random.default_rng(step).choice(len(X), 128, replace=False)
+        opt.step(model.params, loss_and_grads(model, X[batch], y[batch])[1])
+    after = gradient_noise_scale(model, X, y, np.random.default_rng(2), small=16, big=1024)[0]
+    assert after > 2 * before, (before, after)
+
+
+@pytest.mark.parametrize("small,big", [(0, 10), (10, 10), (20, 10), (10, 10_000)])
+def test_noise_scale_names_bad_batch_sizes(small, big):
+    from dsml.data_parallel import gradient_noise_scale
+    X = np.zeros((100, 3))
+    with pytest.raises(ValueError, match="small"):
+        gradient_noise_scale(MLP([3, 2]), X, np.zeros(100, dtype=np.int64),
+                             np.random.default_rng(0), small=small, big=big)
