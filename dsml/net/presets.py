@@ -1,0 +1,48 @@
+"""Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 46
+from typing import NamedTuple
+
+from dsml.net.alphabeta import AlphaBeta
+
+
+class Link(NamedTuple):
+    """A network link: bandwidth per direction (B/s), a typical small-message latency α (s),
+    and where the numbers come from."""
+    name: str
+    bandwidth: float
+    alpha: float
+    source: str
+
+
+class Device(NamedTuple):
+    """An accelerator: peak dense FLOP/s for training arithmetic, and its source."""
+    name: str
+    flops: float
+    source: str
+
+
+LINKS = {
+    "nvlink3": Link("NVLink 3 (A100, per GPU, one direction)", 300e9, 3e-6,
+                    "NVIDIA A100 datasheet: 600 GB/s NVLink per GPU (both directions); "
+                    "α: order of magnitude of NCCL small-message latency, assumed"),
+    "ib_hdr": Link("InfiniBand HDR (200 Gb/s)", 25e9, 1.5e-6,
+                   "InfiniBand Trade Association, HDR: 200 Gb/s per port; "
+                   "α: order of magnitude of MPI latency over InfiniBand, assumed"),
+    "eth_10g": Link("10 Gigabit Ethernet", 1.25e9, 30e-6,
+                    "IEEE 802.3ae (10 Gb/s); α: order of magnitude of a TCP round trip "
+                    "halved, assumed"),
+}
+
+DEVICES = {
+    "a100": Device("NVIDIA A100 SXM4 (dense BF16/FP16)", 312e12,
+                   "NVIDIA A100 datasheet: 312 TFLOPS BF16/FP16 Tensor Core (dense)"),
+}
+
+
+def network(link: str, gamma: float = 0.0) -> AlphaBeta:
+    """The α–β model of a preset link (a flat network of such links)."""
+    if link not in LINKS:
+        raise ValueError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
+    return AlphaBeta(LINKS[link].alpha, 1.0 / LINKS[link].bandwidth, gamma)
