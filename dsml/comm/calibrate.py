@@ -1,0 +1,44 @@
+"""Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 62
+import time
+
+import numpy as np
+
+from dsml.comm.run import run
+
+
+def ping_pong(comm, nbytes, round_trips):
+    """Rank program for 2 ranks: the one-way time (s) of an n-byte message, timed with
+    comm.now() after one warm-up round trip (which pays the first-touch costs)."""
+    message = np.zeros(nbytes, dtype=np.uint8)
+    for i in range(round_trips + 1):
+        if i == 1:
+            start = yield comm.now()
+        if comm.rank == 0:
+            yield comm.send(1, message)
+            message = yield comm.recv(1)
+        else:
+            message = yield comm.recv(0)
+            yield comm.send(0, message)
+    return ((yield comm.now()) - start) / (2 * round_trips)
+
+
+def measure(program, p, args, repeats: int = 3, engine: str = "processes", statistic=np.median):
+    """`statistic` over `repeats` runs of the slowest rank's own timing (what each rank of
+    `program` returns): the median by default; `min` where noise only ever adds time."""
+    return float(statistic([max(run(program, p, engine=engine, args=args).values)
+                            for _ in range(repeats)]))
+
+
+def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
+    """γ of this machine: the fastest of `repeats` in-place np.add of two float64 vectors of
+    `nbytes` each — the reduction a combine stands for — per byte."""
+    u, v = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.add(u, v, out=u)
+        best = min(best, time.perf_counter() - start)
+    return best / u.nbytes
