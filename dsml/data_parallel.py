@@ -16,12 +16,16 @@ def shard_bounds(n: int, p: int, rank: int):
     return start, start + base + (1 if rank < extra else 0)
 
 
-def flatten(grads):
-    """Named arrays → one float64 vector and its layout [(name, shape), …]."""
+def flatten(grads, extra: int = 0):
+    """Named arrays → one float64 vector (with `extra` zeros at the end, for values that ride
+    along in the same all-reduce) and its layout [(name, shape), …]."""
     layout = [(name, g.shape) for name, g in grads.items()]
-    if not grads:
-        return np.zeros(0), layout
-    return np.concatenate([np.ravel(g) for g in grads.values()]).astype(np.float64), layout
+    vector = np.zeros(sum(g.size for g in grads.values()) + extra)
+    at = 0
+    for g in grads.values():
+        vector[at:at + g.size] = np.ravel(g)
+        at += g.size
+    return vector, layout
 
 
 def unflatten(vector, layout):
@@ -60,15 +64,13 @@ def data_parallel_sgd(comm, model, optimizer, X, y, batches, loss="cross_entropy
         mine = batch[start:stop]
         if len(mine):
             local_loss, grads = loss_and_grads(model, X[mine], y[mine], loss)
-            local = {name: g * len(mine) for name, g in grads.items()}   # shard sums
-            local_loss *= len(mine)
         else:                                  # an empty shard adds nothing to the sums
-            local = {name: np.zeros_like(w) for name, w in model.params.items()
-                     if name not in model.frozen}
-            local_loss = 0.0
-        vector, layout = flatten(local)
-        total = yield from allreduce(comm, np.append(vector, local_loss), op="sum",
-                                     algorithm=algorithm)
+            local_loss, grads = 0.0, {name: np.zeros_like(w) for name, w in model.params.items()
+                                      if name not in model.frozen}
+        vector, layout = flatten(grads, extra=1)     # the loss rides in the last slot
+        vector[-1] = local_loss
+        vector *= len(mine)                          # shard means → shard sums
+        total = yield from allreduce(comm, vector, op="sum", algorithm=algorithm)
         grads = unflatten(total[:-1] / len(batch), layout)
         batch_loss = float(total[-1] / len(batch))
         _check_finite(step, batch_loss, grads)
