@@ -43,7 +43,8 @@ def _check_finite(step, loss, grads):
     # alone is bad (every parameter frozen, or a loss that overflowed while its gradients did not).
     for name, g in grads.items():
         if not np.all(np.isfinite(g)):
-            raise FloatingPointError(f"step {step}: non-finite gradient in {name} (loss {loss})")
+            raise FloatingPointError(f"step {step}: non-finite gradient in {name} "
+                                     f"(loss {loss})")
     if not np.isfinite(loss):
         raise FloatingPointError(f"step {step}: the loss is {loss}; stopping rather than "
                                  f"training on it")

@@ -34,13 +34,14 @@ import inspect
 import numbers
 import pkgutil
 import re
+import types
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 __all__ = ["check", "grade", "checker", "Grade", "Wrong", "known_ids", "checkers",
-           "PASSED", "FAILED", "NOT_ATTEMPTED", "expect_close", "as_float"]
+           "PASSED", "FAILED", "NOT_ATTEMPTED", "expect_close", "as_float", "expect_rank_program"]
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 _SYMBOL = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
@@ -225,6 +226,16 @@ def as_float(value, what: str) -> float:
     if array.size != 1:
         raise Wrong(f"{what} returned an array of shape {array.shape}; expected one number")
     return float(array.reshape(()))
+
+
+def expect_rank_program(probe, call: str, example: str) -> None:
+    """Wrong unless `probe` — what calling the learner's answer returned — is a generator, as a
+    rank program must be; `call` shows how it was called, `example` a request it could yield.
+    Closes the probe (it was only a test call)."""
+    if not isinstance(probe, types.GeneratorType):
+        raise Wrong(f"{call} returned {type(probe).__name__}, not a generator: a rank program "
+                    f"must `yield` its requests, e.g. `{example}`, and `return` its result.")
+    probe.close()
 
 
 def expect_close(got, expected: float, what: str, reconsider: str, rtol: float = 1e-9,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import types
 
 import numpy as np
 
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
-from dsml.exercises import Wrong, _not_implemented, as_float, checker, expect_close
+from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
+                            expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.net.topology import bisection_bandwidth, star, torus2d, two_level
 from dsml.sim import DeadlockError
@@ -258,12 +258,9 @@ def check_ring_pass(ring_pass):
         context = f"ring_pass with p={p} ranks and rounds={rounds} (rank r starts with " \
                   f"np.arange(4.0) + 10·r)"
         # A rank program must be a generator function; say so before running it.
-        probe = ring_pass(Comm(0, p), start[0].copy(), rounds)
-        if not isinstance(probe, types.GeneratorType):
-            raise Wrong(f"ring_pass(comm, x, rounds) returned {type(probe).__name__}, not a "
-                        f"generator: a rank program must `yield` its requests, e.g. "
-                        f"`got = yield comm.sendrecv(right, x, left)`, and `return` the result.")
-        probe.close()
+        expect_rank_program(ring_pass(Comm(0, p), start[0].copy(), rounds),
+                            "ring_pass(comm, x, rounds)",
+                            "got = yield comm.sendrecv(right, x, left)")
 
         def program(comm, start=start, rounds=rounds):
             return (yield from ring_pass(comm, start[comm.rank].copy(), rounds))

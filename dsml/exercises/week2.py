@@ -15,14 +15,14 @@ This module imports from the lower layers only (`dsml.sim`, `dsml.net`, `dsml.co
 from __future__ import annotations
 
 import math
-import types
 
 import numpy as np
 
 from dsml.collectives import allgather, allreduce, broadcast, busbw_factor, reduce_scatter
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
-from dsml.exercises import Wrong, _not_implemented, as_float, checker, expect_close
+from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
+                            expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
 
@@ -53,13 +53,8 @@ def _run_rank_program(answer, name: str, p: int, inputs: list, network, context:
     A plain function instead of a generator, a deadlock, or a failing rank becomes Wrong
     (in `context`); an untouched stub's NotImplementedError is passed on to the harness.
     """
-    probe = answer(Comm(0, p), inputs[0].copy())
-    if not isinstance(probe, types.GeneratorType):
-        raise Wrong(f"{name}(comm, x) returned {type(probe).__name__}, not a generator: a rank "
-                    f"program must `yield` its requests, e.g. "
-                    f"`got = yield comm.sendrecv(right, block, left)`, and `return` its "
-                    f"result.")
-    probe.close()
+    expect_rank_program(answer(Comm(0, p), inputs[0].copy()), f"{name}(comm, x)",
+                        "got = yield comm.sendrecv(right, block, left)")
 
     def program(comm):
         return (yield from answer(comm, inputs[comm.rank].copy()))

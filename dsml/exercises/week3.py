@@ -14,14 +14,14 @@ This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.t
 from __future__ import annotations
 
 import copy
-import types
 
 import numpy as np
 
 from dsml.comm.api import Comm, RankError
 from dsml.comm.run import run
 from dsml.data_parallel import data_parallel_sgd, shard_bounds, train_single
-from dsml.exercises import Wrong, _not_implemented, as_float, checker, expect_close
+from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
+                            expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
 from dsml.train.models import MLP, loss_and_grads, softmax_cross_entropy
@@ -374,13 +374,10 @@ def _library_step_time(p, X, y, batch, model) -> float:
 def check_data_parallel_step(data_parallel_step):
     X, y, model = _dp_problem(3006)
     probe_model, probe_optimizer = _dp_replica(model)
-    probe = data_parallel_step(Comm(0, 2), X, y, np.arange(4), probe_model, probe_optimizer)
-    if not isinstance(probe, types.GeneratorType):
-        raise Wrong(f"data_parallel_step(comm, X, y, batch, model, optimizer) returned "
-                    f"{type(probe).__name__}, not a generator: a rank program must `yield` its "
-                    f"requests — `total = yield from allreduce(comm, vector)` — and `return` "
-                    f"the batch loss.")
-    probe.close()
+    expect_rank_program(
+        data_parallel_step(Comm(0, 2), X, y, np.arange(4), probe_model, probe_optimizer),
+        "data_parallel_step(comm, X, y, batch, model, optimizer)",
+        "total = yield from allreduce(comm, vector)")
     rng = np.random.default_rng(3106)
     for p, batch_size in DP_CASES:
         batch = rng.permutation(len(X))[:batch_size]
