@@ -1,5 +1,8 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.train.models import LOSSES
+
 
 # -- cell 23
 import numpy as np
@@ -142,3 +145,130 @@ def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, rep
     true_square = (big * g_big - small * g_small) / (big - small)
     trace = (g_small - g_big) / (1 / small - 1 / big)
     return trace / true_square, true_square, trace
+
+
+# -- cell 57
+from dsml.comm.api import SizeOnly
+
+
+def assign_buckets(sizes, cap: float):
+    """DDP's buckets: `sizes` is [(name, nbytes), …] in forward order; walking it backwards (the
+    order backward produces gradients), a bucket takes gradients until it holds at least `cap`
+    bytes, then closes. cap = 0 gives one bucket per gradient, cap = inf a single bucket.
+    Returns the buckets as lists of names, in the order they fill."""
+    if not cap >= 0:
+        raise ValueError(f"bucket cap must be ≥ 0 bytes, got {cap}")
+    buckets, current, held = [], [], 0
+    for name, nbytes in reversed(list(sizes)):
+        current.append(name)
+        held += nbytes
+        if held >= cap:
+            buckets.append(current)
+            current, held = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _reduce_bucket(comm, earlier, grads, algorithm):
+    """One bucket's all-reduce, after the bucket before it (on a second activity, buckets go
+    one at a time and in order, as on NCCL's one stream). Returns every result so far."""
+    done = [] if earlier is None else (yield comm.join(earlier))
+    if any(type(g) is SizeOnly for g in grads):
+        vector = SizeOnly(sum(g.nbytes for g in grads))
+    else:
+        vector = flatten(dict(enumerate(grads)))[0]
+    total = yield from allreduce(comm, vector, op="sum", algorithm=algorithm)
+    return done + [total]
+
+
+def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str = "ring"):
+    """Rank program body: sum gradients over the ranks bucket by bucket, as backward produces them.
+
+    `produced` yields (name, gradient, seconds): each gradient (an array, or a SizeOnly for
+    simulations without data) as backward makes it, and the compute time that took
+    (simulated; 0 on real engines, where the computing is the code that made it). `buckets`
+    come from assign_buckets and must fill in order. A bucket is all-reduced the moment its
+    last gradient is in: with `overlap`, on a second activity while backward goes on;
+    without, before backward goes on. Returns {name: summed gradient}."""
+    bucket_of = {name: k for k, names in enumerate(buckets) for name in names}
+    missing = [len(names) for names in buckets]
+    held, pending, results, next_bucket = {}, None, [], 0
+    for name, gradient, seconds in produced:
+        if seconds:
+            yield comm.compute(seconds)
+        if name not in bucket_of or name in held:
+            raise ValueError(f"rank {comm.rank}: gradient {name!r} is "
+                             f"{'produced twice' if name in held else 'in no bucket'}")
+        held[name] = gradient
+        k = bucket_of[name]
+        missing[k] -= 1
+        while next_bucket < len(buckets) and missing[next_bucket] == 0:
+            job = _reduce_bucket(comm, pending, [held[n] for n in buckets[next_bucket]],
+                                 algorithm)
+            if overlap:
+                pending = yield comm.spawn(job)
+            else:
+                results += yield from job      # job's list holds just this bucket
+            next_bucket += 1
+    if next_bucket < len(buckets):
+        absent = [n for names in buckets[next_bucket:] for n in names if n not in held]
+        raise ValueError(f"rank {comm.rank}: backward never produced {absent[:3]} "
+                         f"(bucket {next_bucket} cannot be reduced)")
+    if pending is not None:
+        results = yield comm.join(pending)
+    summed = {}
+    for names, total in zip(buckets, results):
+        if type(total) is SizeOnly:
+            summed.update((n, SizeOnly(held[n].nbytes)) for n in names)
+        else:
+            summed.update(unflatten(total, [(n, np.shape(held[n])) for n in names]))
+    return summed
+
+
+# -- cell 59
+LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
+
+
+def ddp_sgd(comm, model, optimizer, X, y, batches, bucket_cap: float = 25e6, overlap=True,
+            loss="cross_entropy", algorithm="ring", seconds_per_flop: float = 0.0):
+    """Rank program body: data-parallel SGD with DDP's bucketed all-reduce (ddp_allreduce).
+    The same updates as data_parallel_sgd, to round-off (the sums group differently).
+    Returns the batch losses."""
+    trainable = [name for name in model.params if name not in model.frozen]
+    buckets = assign_buckets([(name, model.params[name].nbytes) for name in trainable]
+                             + [(LOSS, 8)], bucket_cap)
+    losses = []
+    for step, batch in enumerate(batches):
+        batch = np.asarray(batch)
+        if len(batch) == 0:
+            raise ValueError(f"step {step}: the batch is empty")
+        start, stop = shard_bounds(len(batch), comm.size, comm.rank)
+        mine = batch[start:stop]
+        summed = yield from ddp_allreduce(comm, _shard_gradient_sums(model, X[mine], y[mine],
+                                                                     loss, seconds_per_flop),
+                                          buckets, overlap, algorithm)
+        batch_loss = float(summed.pop(LOSS)[0] / len(batch))
+        grads = {name: summed[name] / len(batch) for name in trainable}
+        _check_finite(step, batch_loss, grads)
+        optimizer.step(model.params, grads)
+        losses.append(batch_loss)
+    return losses
+
+
+def _shard_gradient_sums(model, X, y, loss, seconds_per_flop):
+    """(name, gradient sum over the shard, seconds) as backward produces them; the loss sum
+    first. An empty shard contributes zeros."""
+    n = len(X)
+    if n == 0:
+        yield LOSS, np.zeros(1), 0.0
+        for name in reversed(list(model.params)):
+            if name not in model.frozen:
+                yield name, np.zeros_like(model.params[name]), 0.0
+        return
+    value, dout = LOSSES[loss](model.forward(X), y)
+    yield LOSS, np.array([value * n]), 0.0
+    for name, gradient in model.backward_layers(dout):
+        # A weight's gradient and the input gradient through it: 2 × 2·n·size FLOPs; a bias: n·size.
+        flop = (4 if gradient.ndim == 2 else 1) * n * gradient.size
+        yield name, gradient * n, flop * seconds_per_flop

@@ -110,9 +110,11 @@ class Simulator:
         """Run `callback(argument)` `delay` seconds from now."""
         self.at(self.now + delay, callback, argument)
 
-    def spawn(self, gen, handler: Callable, name: str | None = None) -> Process:
-        """Start a generator as a process at the current time."""
-        pid = len(self.processes)
+    def spawn(self, gen, handler: Callable, name: str | None = None,
+              pid: int | None = None) -> Process:
+        """Start a generator as a process at the current time. Its `pid` is its place in
+        `processes` unless given (week 3's second activity of a rank shares the rank's)."""
+        pid = len(self.processes) if pid is None else pid
         process = Process(self, pid, name or f"process {pid}", gen, handler)
         self.processes.append(process)
         self.at(self.now, process.resume, None)

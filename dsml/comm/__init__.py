@@ -1,5 +1,8 @@
 """Plumbing (hand-written): dsml.comm — the request vocabulary, the communicator and the engines."""
 from dsml.comm.api import Comm, RankError, RunResult, SizeOnly
 from dsml.comm.run import ENGINES, run
+# Week 3 adds a second activity per rank (comm.spawn / comm.join); importing the module
+# registers its requests with the engines, so every program can use them.
+from dsml.comm.activities import Activity
 
-__all__ = ["Comm", "RankError", "RunResult", "SizeOnly", "run", "ENGINES"]
+__all__ = ["Activity", "Comm", "RankError", "RunResult", "SizeOnly", "run", "ENGINES"]

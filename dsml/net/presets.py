@@ -45,6 +45,41 @@ DEVICES = {
 }
 
 
+def resnet50_layers():
+    """ResNet-50 (torchvision's v1.5: the stride in each block's 3×3 convolution), one entry per
+    parameter tensor in forward order: (name, number of parameters, forward FLOPs per 224×224
+    example, counting a multiply-add as 2)."""
+    tensors = []
+
+    def conv(name, c_in, c_out, k, out_hw):
+        tensors.append((f"{name}.weight", c_in * c_out * k * k, 2 * c_in * c_out * k * k * out_hw ** 2))
+
+    def norm(name, c):
+        tensors.extend([(f"{name}.weight", c, 0), (f"{name}.bias", c, 0)])  # FLOPs: negligible
+
+    conv("conv1", 3, 64, 7, 112)
+    norm("bn1", 64)
+    c_in, hw = 64, 56                                   # after the 3×3 max-pool
+    for stage, (width, blocks, stride) in enumerate([(64, 3, 1), (128, 4, 2), (256, 6, 2),
+                                                     (512, 3, 2)], start=1):
+        for block in range(blocks):
+            name, s = f"layer{stage}.{block}", (stride if block == 0 else 1)
+            out_hw = hw // s
+            conv(f"{name}.conv1", c_in, width, 1, hw)
+            norm(f"{name}.bn1", width)
+            conv(f"{name}.conv2", width, width, 3, out_hw)
+            norm(f"{name}.bn2", width)
+            conv(f"{name}.conv3", width, 4 * width, 1, out_hw)
+            norm(f"{name}.bn3", 4 * width)
+            if block == 0:
+                conv(f"{name}.downsample.0", c_in, 4 * width, 1, out_hw)
+                norm(f"{name}.downsample.1", 4 * width)
+            c_in, hw = 4 * width, out_hw
+    tensors.append(("fc.weight", 2048 * 1000, 2 * 2048 * 1000))
+    tensors.append(("fc.bias", 1000, 0))
+    return tensors
+
+
 def network(link: str, gamma: float = 0.0) -> AlphaBeta:
     """The α–β model of a preset link (a flat network of such links)."""
     if link not in LINKS:

@@ -56,22 +56,26 @@ class MLP:
 
     def backward(self, dout):
         """Gradients of the loss for every parameter not in `frozen`, given dL/d(output)."""
+        grads = dict(self.backward_layers(dout))
+        return {name: grads[name] for name in self.params if name in grads}   # forward order
+
+    def backward_layers(self, dout):
+        """The same gradients, one at a time as backward computes them, last layer first:
+        (name, gradient) pairs from a generator (section 10 all-reduces them as they come)."""
         if self._cache is None:
             raise RuntimeError("call forward before backward")
         inputs, pre = self._cache
-        grads = {}
         g = np.asarray(dout, dtype=np.float64)
         for i in reversed(range(self.layers)):
             if i < self.layers - 1:
                 g = g * _derivative(pre[i], self.activation)
             weight, bias = f"layer{i}.weight", f"layer{i}.bias"
             if weight not in self.frozen:
-                grads[weight] = inputs[i].T @ g
+                yield weight, inputs[i].T @ g
             if bias not in self.frozen:
-                grads[bias] = g.sum(axis=0)
+                yield bias, g.sum(axis=0)
             if i > 0:
                 g = g @ self.params[weight].T
-        return {name: grads[name] for name in self.params if name in grads}   # forward order
 
 
 def _activate(z, activation):
