@@ -2,14 +2,16 @@
 
 Each function has the name of the notebook stub it solves; `check("3.k", f)` passes for each.
 Arrays are float64; gradients have the shape of what they are the gradient of. The rank
-program (3.6) is a generator, run with `dsml.run(program, p, ...)`.
+program (3.6) is a generator, run with `dsml.run(program, p, ...)`. Exercises 3.7–3.10 are
+formulas: a learning-rate schedule, the noise-scale estimators, a scaling efficiency, and the
+iteration time of DDP's buckets.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from dsml.collectives import allreduce
-from dsml.data_parallel import flatten, shard_bounds, unflatten
+from dsml.data_parallel import assign_buckets, flatten, shard_bounds, unflatten
 from dsml.train import loss_and_grads
 
 
@@ -87,3 +89,52 @@ def data_parallel_step(comm, X, y, batch, model, optimizer):
     total = yield from allreduce(comm, np.append(vector, loss_sum))
     optimizer.step(model.params, unflatten(total[:-1] / len(batch), layout))
     return float(total[-1] / len(batch))
+
+
+def scaled_lr(step, base_lr, base_batch, batch, warmup_steps):
+    """Exercise 3.7: the learning rate of optimizer step `step` (from 0) under the linear scaling
+    rule with Goyal et al.'s gradual warm-up: base_lr at step 0, then a straight line to the
+    target base_lr·batch/base_batch, reached at step warmup_steps and kept. The same line when
+    batch < base_batch (the rate then falls); no warm-up when warmup_steps is 0."""
+    target = base_lr * batch / base_batch
+    if warmup_steps == 0:
+        return target
+    return base_lr + (target - base_lr) * min(1.0, step / warmup_steps)
+
+
+def noise_scale_from_dp(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    """Exercise 3.8: (b_noise, |G|², tr Σ) from one data-parallel step (McCandlish et al. 2018,
+    appendix A). The ranks' local mean gradients give |G_b|² (their squared norms, averaged),
+    the all-reduced mean gives |G_B|²; E|G_n|² = |G|² + tr Σ/n at both sizes, solved for the
+    two unknowns, as dsml.data_parallel.gradient_noise_scale does."""
+    b, B = local_batch, global_batch
+    g_small = sum(local_sq_norms) / len(local_sq_norms)
+    g_square = (B * global_sq_norm - b * g_small) / (B - b)
+    trace = (g_small - global_sq_norm) / (1 / b - 1 / B)
+    return trace / g_square, g_square, trace
+
+
+def strong_efficiency(p, t_compute, nbytes, alpha, beta):
+    """Exercise 3.9: T_1/(p·T_p) for a data-parallel step without overlap: T_p = t_compute/p +
+    2(p − 1)α + 2(p − 1)/p · nbytes · β (the ring all-reduce, nothing on one rank), T_1 =
+    t_compute."""
+    allreduce_time = 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+    return t_compute / (p * (t_compute / p + allreduce_time))
+
+
+def ddp_iteration_time(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    """Exercise 3.10: one DDP step's time. Backward produces `gradients` ((name, nbytes,
+    seconds), in order) after the forward pass; bucket k's ring all-reduce starts at max(when
+    its last gradient is out, when bucket k − 1 ends) and takes 2(p − 1)α + 2(p − 1)/p · n_k β;
+    the step ends when backward and the last bucket have."""
+    nbytes, ready, clock = {}, {}, forward_seconds
+    for name, size, seconds in gradients:
+        clock += seconds
+        nbytes[name], ready[name] = size, clock
+    end = forward_seconds
+    for bucket in assign_buckets([(name, nbytes[name]) for name, _, _ in reversed(gradients)],
+                                 bucket_cap):
+        n = sum(nbytes[name] for name in bucket)
+        end = max(max(ready[name] for name in bucket), end) + \
+            2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+    return max(end, clock)

@@ -5,6 +5,7 @@ week keeps is in exercise_contract; this module adds week 3's mistakes, other ri
 hints and cases."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -182,6 +183,187 @@ def dp_np_split(comm, X, y, batch, model, optimizer):
     return float(total[-1] / len(batch))
 
 
+# 3.7: forgets the scaling: the warm-up "ramps" from base_lr to base_lr.
+def lr_not_scaled(step, base_lr, base_batch, batch, warmup_steps):
+    if warmup_steps == 0:
+        return base_lr
+    return base_lr + (base_lr - base_lr) * min(1.0, step / warmup_steps)
+
+
+# 3.7: ramps from 0 to the target instead of from base_lr.
+def lr_warmup_from_zero(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    return target * min(1.0, step / warmup_steps) if warmup_steps else target
+
+
+# 3.7: section 7's ramp, (step + 1)/warmup of the target: from (almost) 0, and one step early.
+def lr_warmup_as_section_7(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    return target * min(1.0, (step + 1) / warmup_steps) if warmup_steps else target
+
+
+# 3.7: counts the step being taken as done: reaches the target at warmup_steps − 1.
+def lr_warmup_one_step_early(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    if warmup_steps == 0:
+        return target
+    return base_lr + (target - base_lr) * min(1.0, (step + 1) / warmup_steps)
+
+
+# 3.7: spreads the ramp over warmup_steps + 1 steps: reaches the target one step late.
+def lr_warmup_one_step_late(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    return base_lr + (target - base_lr) * min(1.0, step / (warmup_steps + 1))
+
+
+# 3.7: square-root scaling instead of linear.
+def lr_sqrt_scaling(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * (batch / base_batch) ** 0.5
+    if warmup_steps == 0:
+        return target
+    return base_lr + (target - base_lr) * min(1.0, step / warmup_steps)
+
+
+# 3.7: floor division of the batch sizes: right only for integer ratios.
+def lr_floor_ratio(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * (batch // base_batch)
+    if warmup_steps == 0:
+        return target
+    return base_lr + (target - base_lr) * min(1.0, step / warmup_steps)
+
+
+# 3.7: no special case for warmup_steps = 0: ZeroDivisionError.
+def lr_divides_by_zero(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    return base_lr + (target - base_lr) * min(1.0, step / warmup_steps)
+
+
+def _estimates(g_small, g_big, b, B):
+    g_square = (B * g_big - b * g_small) / (B - b)
+    trace = (g_small - g_big) / (1 / b - 1 / B)
+    return trace / g_square, g_square, trace
+
+
+# 3.8: uses rank 0's local norm only (unbiased, but noisier, and not the formula).
+def noise_rank0_only(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    return _estimates(local_sq_norms[0], global_sq_norm, local_batch, global_batch)
+
+
+# 3.8: divides tr Σ by |G_B|², which still holds the noise tr Σ/B.
+def noise_divides_by_global_norm(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, g_square, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                                    global_batch)
+    return trace / global_sq_norm, g_square, trace
+
+
+# 3.8: the batch sizes swapped in the formulas.
+def noise_swapped_batches(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    return _estimates(np.mean(local_sq_norms), global_sq_norm, global_batch, local_batch)
+
+
+# 3.8: the mean of the local norms (square roots), squared.
+def noise_mean_of_norms_squared(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    g_small = float(np.mean(np.sqrt(local_sq_norms))) ** 2
+    return _estimates(g_small, global_sq_norm, local_batch, global_batch)
+
+
+# 3.8: takes |G_B|² as |G|² (biased by tr Σ/B) — caught by the statistics too.
+def noise_global_norm_as_g_square(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, _, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                             global_batch)
+    return trace / global_sq_norm, global_sq_norm, trace
+
+
+def _ring(p, nbytes, alpha, beta):
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+
+
+# 3.9: the ring's bandwidth term without (p − 1)/p: 2·nbytes·β.
+def eff_without_ring_fraction(p, t_compute, nbytes, alpha, beta):
+    allreduce_time = 2 * (p - 1) * alpha + (2 * nbytes * beta if p > 1 else 0.0)
+    return t_compute / (p * (t_compute / p + allreduce_time))
+
+
+# 3.9: T_p/T_1, the inverse of the speed-up.
+def eff_inverted(p, t_compute, nbytes, alpha, beta):
+    return (t_compute / p + _ring(p, nbytes, alpha, beta)) / t_compute
+
+
+# 3.9: weak-scaling efficiency: every rank computes the whole batch.
+def eff_weak_scaling(p, t_compute, nbytes, alpha, beta):
+    return t_compute / (t_compute + _ring(p, nbytes, alpha, beta))
+
+
+# 3.9: no latency term.
+def eff_without_alpha(p, t_compute, nbytes, alpha, beta):
+    return t_compute / (p * (t_compute / p + 2 * (p - 1) / p * nbytes * beta))
+
+
+# 3.9: the speed-up T_1/T_p, not divided by p.
+def eff_speedup(p, t_compute, nbytes, alpha, beta):
+    return t_compute / (t_compute / p + _ring(p, nbytes, alpha, beta))
+
+
+# 3.10: the shared scaffolding of the wrong answers: bucket k starts at start(k) and costs c(n).
+def _ddp_walk(gradients, cap, p, start, cost_of):
+    from dsml.data_parallel import assign_buckets
+    nbytes, ready, begun, clock = {}, {}, {}, 0.0
+    for name, size, seconds in gradients:
+        begun[name] = clock
+        clock += seconds
+        nbytes[name], ready[name] = size, clock
+    buckets = assign_buckets([(n, nbytes[n]) for n, _, _ in reversed(gradients)], cap)
+    return buckets, nbytes, ready, begun, clock
+
+
+def _ring_time(p, n, alpha, beta):
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+
+
+# 3.10: no overlap: backward, then every bucket.
+def ddp_time_no_overlap(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    buckets, nbytes, _, _, clock = _ddp_walk(gradients, bucket_cap, p, None, None)
+    return forward_seconds + clock + sum(_ring_time(p, sum(nbytes[n] for n in b), alpha, beta)
+                                         for b in buckets)
+
+
+# 3.10: buckets overlap each other: each starts when ready, ignoring the one before.
+def ddp_time_no_queue(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    buckets, nbytes, ready, _, clock = _ddp_walk(gradients, bucket_cap, p, None, None)
+    return forward_seconds + max([clock] + [max(ready[n] for n in b)
+                                            + _ring_time(p, sum(nbytes[n] for n in b), alpha, beta)
+                                            for b in buckets])
+
+
+def _ddp_queue(gradients, bucket_cap, p, forward_seconds, start_of, cost_of):
+    buckets, nbytes, ready, begun, clock = _ddp_walk(gradients, bucket_cap, p, None, None)
+    end = 0.0
+    for b in buckets:
+        end = max(start_of(b, ready, begun), end) + cost_of(sum(nbytes[n] for n in b))
+    return forward_seconds + max(end, clock)
+
+
+# 3.10: a bucket starts when its first gradient starts being computed.
+def ddp_time_first_gradient(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    return _ddp_queue(gradients, bucket_cap, p, forward_seconds,
+                      lambda b, ready, begun: min(begun[n] for n in b),
+                      lambda n: _ring_time(p, n, alpha, beta))
+
+
+# 3.10: no latency per bucket.
+def ddp_time_no_alpha(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    return _ddp_queue(gradients, bucket_cap, p, forward_seconds,
+                      lambda b, ready, begun: max(ready[n] for n in b),
+                      lambda n: 2 * (p - 1) / p * n * beta)
+
+
+# 3.10: the ring moves 2·n·β instead of 2(p − 1)/p · n · β.
+def ddp_time_no_fraction(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    return _ddp_queue(gradients, bucket_cap, p, forward_seconds,
+                      lambda b, ready, begun: max(ready[n] for n in b),
+                      lambda n: 2 * (p - 1) * alpha + 2 * n * beta)
+
+
 WRONG = {
     "3.1": [linear_backward_mean_bias, linear_backward_divides_by_batch,
             linear_backward_transposed_dw, linear_backward_wrong_dx],
@@ -191,10 +373,23 @@ WRONG = {
     "3.4": [lars_without_zero_rule, lars_without_weight_decay, lars_upside_down],
     "3.5": [accumulate_sum_of_means, accumulate_mean_of_means, accumulate_weighted_sum],
     "3.6": [dp_mean_of_shard_means, dp_local_step_only, dp_allreduce_per_tensor, dp_np_split],
+    "3.7": [lr_not_scaled, lr_warmup_from_zero, lr_warmup_as_section_7, lr_warmup_one_step_early,
+            lr_warmup_one_step_late, lr_sqrt_scaling, lr_floor_ratio, lr_divides_by_zero],
+    "3.8": [noise_rank0_only, noise_divides_by_global_norm, noise_swapped_batches,
+            noise_mean_of_norms_squared, noise_global_norm_as_g_square],
+    "3.9": [eff_without_ring_fraction, eff_inverted, eff_weak_scaling, eff_without_alpha,
+            eff_speedup],
+    "3.10": [ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
+             ddp_time_no_fraction],
 }
 
 # The words each mistake's hint must contain: it names what went wrong, not just "wrong".
 HINT_WORDS = {
+    ddp_time_no_overlap: "the step without overlap",
+    ddp_time_no_queue: "one at a time, in order",
+    ddp_time_first_gradient: "*last* gradient",
+    ddp_time_no_alpha: "latency term is missing",
+    ddp_time_no_fraction: "not 2·n·β",
     linear_backward_mean_bias: "the mean over the batch",
     linear_backward_divides_by_batch: "divided by the batch size",
     linear_backward_transposed_dw: "has shape (4, 3), expected (3, 4)",
@@ -216,6 +411,24 @@ HINT_WORDS = {
     dp_local_step_only: "the ranks hold different",
     dp_allreduce_per_tensor: "all-reduce it once",
     dp_np_split: "np.split insists on equal shards",
+    lr_not_scaled: "multiplies the rate by k = batch/base_batch",
+    lr_warmup_from_zero: "ramps up from 0",
+    lr_warmup_as_section_7: "ramps up from 0",
+    lr_warmup_one_step_early: "one step early",
+    lr_warmup_one_step_late: "one step late",
+    lr_sqrt_scaling: "square-root scaling",
+    lr_floor_ratio: "floor division",
+    lr_divides_by_zero: "With warmup_steps = 0 there is no warm-up",
+    noise_rank0_only: "only rank 0",
+    noise_divides_by_global_norm: "Divide by the unbiased |G|²",
+    noise_swapped_batches: "b and B are swapped",
+    noise_mean_of_norms_squared: "Average the squared norms",
+    noise_global_norm_as_g_square: "still holds the noise tr Σ/B",
+    eff_without_ring_fraction: "2(p − 1)/p · nbytes · β",
+    eff_inverted: "upside down",
+    eff_weak_scaling: "weak-scaling efficiency",
+    eff_without_alpha: "The α term is missing",
+    eff_speedup: "That is the speed-up",
 }
 
 
@@ -269,12 +482,63 @@ def dp_recursive_doubling(comm, X, y, batch, model, optimizer):
     return float(total[-1] / len(batch))
 
 
+# 3.7: interpolation between the two ends of the ramp, np.interp clamping beyond them.
+def lr_by_interpolation(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    if warmup_steps == 0:
+        return target
+    return float(np.interp(step, [0, warmup_steps], [base_lr, target]))
+
+
+# 3.7: a constant increment per step during the warm-up, as Goyal et al. describe it.
+def lr_by_increments(step, base_lr, base_batch, batch, warmup_steps):
+    target = base_lr * batch / base_batch
+    if step >= warmup_steps:
+        return target
+    return base_lr + step * (target - base_lr) / warmup_steps
+
+
+# 3.8: the two equations E|G_n|² = |G|² + tr Σ/n solved as a linear system.
+def noise_by_linear_solve(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    equations = np.array([[1.0, 1.0 / local_batch], [1.0, 1.0 / global_batch]])
+    g_square, trace = np.linalg.solve(equations, [np.mean(local_sq_norms), global_sq_norm])
+    return trace / g_square, g_square, trace
+
+
+# 3.9: the all-reduce from the library's closed-form cost.
+def eff_from_library_cost(p, t_compute, nbytes, alpha, beta):
+    from dsml.collectives import cost
+    return t_compute / (p * (t_compute / p + cost("allreduce", "ring", p, nbytes, alpha, beta)))
+
+
+# 3.9: Amdahl's form: t_compute / (t_compute + p · all-reduce time).
+def eff_amdahl_form(p, t_compute, nbytes, alpha, beta):
+    return 1.0 / (1.0 + p * _ring(p, nbytes, alpha, beta) / t_compute)
+
+
+# 3.10: event by event with the library's closed-form cost, buckets from a running total.
+def ddp_time_with_library_cost(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    from dsml.collectives import cost
+    t, comm_end, bucket = forward_seconds, forward_seconds, 0
+    for i, (_, nbytes, seconds) in enumerate(gradients):
+        t += seconds
+        bucket += nbytes
+        if bucket >= bucket_cap or i == len(gradients) - 1:
+            comm_end = max(t, comm_end) + cost("allreduce", "ring", p, bucket, alpha, beta)
+            bucket = 0
+    return max(t, comm_end)
+
+
 RIGHT = {
     "3.1": [linear_backward_einsum],
     "3.2": [grad_via_logsumexp],
     "3.4": [lars_by_hand],
     "3.5": [accumulate_in_place],
     "3.6": [dp_library_step, dp_recursive_doubling],
+    "3.7": [lr_by_interpolation, lr_by_increments],
+    "3.8": [noise_by_linear_solve],
+    "3.9": [eff_from_library_cost, eff_amdahl_form],
+    "3.10": [ddp_time_with_library_cost],
 }
 
 RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
@@ -283,7 +547,7 @@ RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
 # --- the contract every week keeps -------------------------------------------------------------
 
 globals().update(contract.contract_tests(
-    3, 6, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
+    3, 10, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
     rank_programs=RANK_PROGRAMS))
 
 
@@ -330,6 +594,89 @@ def test_empty_shard_failure_gets_advice():
 def test_adam_checker_uses_steps_beyond_the_first():
     from dsml.exercises.week3 import ADAM_CASES
     assert all(t >= 2 for _, t, *_ in ADAM_CASES)
+
+
+def test_warmup_cases_cover_the_awkward_ones():
+    from dsml.exercises.week3 import WARMUP_CASES
+    assert any(batch < base for _, base, batch, _ in WARMUP_CASES)          # scaling down
+    assert any(w == 0 for *_, w in WARMUP_CASES)                            # no warm-up
+    assert any(batch % base for _, base, batch, _ in WARMUP_CASES)          # ratio not integer
+    assert any(batch == base for _, base, batch, _ in WARMUP_CASES)         # nothing to scale
+
+
+def test_warmup_steps_tried_straddle_the_end_of_the_ramp():
+    from dsml.exercises.week3 import _warmup_steps_to_try
+    assert {0, 9, 10, 11, 37} <= set(_warmup_steps_to_try(10))
+    assert _warmup_steps_to_try(0)[0] == 0 and all(s >= 0 for s in _warmup_steps_to_try(0))
+
+
+def test_scaling_down_is_the_same_line():
+    # batch < base_batch: the "warm-up" falls from base_lr to the smaller target.
+    rates = [solution.scaled_lr(s, 0.4, 512, 128, 8) for s in range(10)]
+    assert rates[0] == 0.4 and math.isclose(rates[8], 0.1) and rates[9] == rates[8]
+    assert all(a > b for a, b in zip(rates[:8], rates[1:9]))
+
+
+def test_noise_cases_agree_with_the_formula_and_are_positive():
+    # The checker's truth is gradient_noise_scale fed the ranks' batches: it must be the
+    # formula on the mean local norm, with unequal local norms (or rank 0 alone would pass).
+    from dsml.exercises.week3 import noise_cases
+    for p, b, local, global_, truth in noise_cases():
+        assert len(local) == p and len(set(local)) == p
+        expected = solution.noise_scale_from_dp(local, global_, b, p * b)
+        assert np.allclose(truth, expected, rtol=1e-12, atol=0.0)
+        assert all(v > 0 for v in truth)
+
+
+def test_noise_statistics_hold_for_the_reference_and_not_for_a_biased_estimator():
+    from dsml.exercises.week3 import NOISE_SYNTHETIC, NOISE_TOLERANCE, noise_statistics
+    truth = np.array([NOISE_SYNTHETIC["g_square"], NOISE_SYNTHETIC["trace_sigma"]])
+    means, _ = noise_statistics(solution.noise_scale_from_dp)
+    assert np.all(np.abs(means - truth) < NOISE_TOLERANCE / 2 * truth)
+    means, _ = noise_statistics(noise_mean_of_norms_squared)
+    assert abs(means[1] - truth[1]) > 1.5 * NOISE_TOLERANCE * truth[1]
+
+
+def test_noise_statistics_catch_what_the_exact_cases_miss():
+    # Right on the checker's library cases, biased on the synthetic steps (b = 4, B = 16):
+    # only the statistical half of the checker can see it.
+    def special_cased(local_sq_norms, global_sq_norm, local_batch, global_batch):
+        if (local_batch, global_batch) == (4, 16):
+            return noise_mean_of_norms_squared(local_sq_norms, global_sq_norm, 4, 16)
+        return solution.noise_scale_from_dp(local_sq_norms, global_sq_norm, local_batch,
+                                            global_batch)
+    message = grade("3.8", special_cased).message
+    assert "the estimator is biased" in message and "synthetic steps" in message, message
+
+
+def test_strong_cases_are_exact_in_the_simulator():
+    # nbytes divisible by p, so the ring's blocks are equal and the simulated step is the
+    # closed form (dsml.collectives.cost) to round-off; one latency-bound, one bandwidth-bound.
+    from dsml.collectives import cost
+    from dsml.exercises.week3 import STRONG_CASES, strong_step_times
+    assert {1, 2, 3, 8, 64} <= {p for p, *_ in STRONG_CASES}
+    for p, t_compute, nbytes, alpha, beta in STRONG_CASES:
+        assert nbytes % p == 0
+        t1, tp = strong_step_times(p, t_compute, nbytes, alpha, beta)
+        assert t1 == t_compute
+        assert math.isclose(tp, t_compute / p + cost("allreduce", "ring", p, nbytes, alpha, beta),
+                            rel_tol=1e-12)
+    terms = [(2 * (p - 1) * a, 2 * (p - 1) / p * n * b) for p, _, n, a, b in STRONG_CASES if p > 1]
+    assert any(lat > 100 * bw for lat, bw in terms) and any(bw > 100 * lat for lat, bw in terms)
+
+
+def test_examples_of_exercises_7_to_9_hold():
+    rates = [solution.scaled_lr(s, 0.1, 256, 1024, 4) for s in range(6)]
+    assert np.allclose(rates, [0.1, 0.175, 0.25, 0.325, 0.4, 0.4], rtol=1e-12)
+    assert np.allclose([solution.scaled_lr(s, 0.1, 256, 128, 4) for s in (0, 1, 2, 3, 4, 9)],
+                       [0.1, 0.0875, 0.075, 0.0625, 0.05, 0.05], rtol=1e-12)
+    assert solution.scaled_lr(0, 0.1, 256, 1024, 0) == 0.4
+    assert np.allclose(solution.noise_scale_from_dp([5.0, 3.0], 2.5, 16, 32), (48.0, 1.0, 48.0),
+                       rtol=1e-12)
+    assert math.isclose(solution.strong_efficiency(4, 0.1, 10 ** 8, 1e-5, 1e-10), 0.1 / 0.16024,
+                        rel_tol=1e-12)
+    assert round(solution.strong_efficiency(4, 0.1, 10 ** 8, 1e-5, 1e-10), 3) == 0.624
+    assert solution.strong_efficiency(1, 0.1, 10 ** 8, 1e-5, 1e-10) == 1.0
 
 
 # --- the notebook's exercise cells ------------------------------------------------------------

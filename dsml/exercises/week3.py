@@ -5,21 +5,30 @@ the notebook and raises `Wrong` with a hint that says what was tried, what was e
 what came back and what to reconsider. The truth is measured with the library: backward
 passes against `dsml.train`'s MLP and central differences, optimizer steps against
 `dsml.train.optim`'s Adam and LARS run on the same state, accumulated gradients against one
-pass over the whole batch, and the data-parallel rank program on the simulator against
-`train_single` (its values) and `data_parallel_sgd` (its simulated time).
+pass over the whole batch, the data-parallel rank program on the simulator against
+`train_single` (its values) and `data_parallel_sgd` (its simulated time), the noise-scale
+estimates against `dsml.data_parallel.gradient_noise_scale` fed the very batches the ranks used
+(and, for bias, against the known |G|² and tr Σ of synthetic gradients averaged over many
+steps), and strong-scaling efficiency against a data-parallel step timed on the simulator with
+a ring all-reduce; DDP's iteration time against one DDP step (`ddp_allreduce`, buckets on a
+second activity) timed on the simulator. The learning-rate schedule has no library counterpart: its checker holds
+Goyal et al.'s formula, base_lr + (target − base_lr)·min(1, step/warmup_steps).
 
-This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.train`,
-`dsml.data_parallel`), never the top-level `dsml` package, which sits above it.
+This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
+`dsml.train`, `dsml.data_parallel`), never the top-level `dsml` package, which sits above it.
 """
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
-from dsml.comm.api import Comm, RankError
+from dsml.collectives import allreduce
+from dsml.comm.api import Comm, RankError, SizeOnly
 from dsml.comm.run import run
-from dsml.data_parallel import data_parallel_sgd, shard_bounds, train_single
+from dsml.data_parallel import (assign_buckets, data_parallel_sgd, ddp_allreduce,
+                                gradient_noise_scale, shard_bounds, train_single)
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
                             expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
@@ -450,3 +459,441 @@ def check_data_parallel_step(data_parallel_step):
                         f"and all-reduce it once.")
     return ("every rank ends with the single-process step's parameters, bit-identical across "
             "ranks, in one all-reduce's time")
+
+
+# --- 3.7 ----------------------------------------------------------------------------------
+
+# (base_lr, base_batch, batch, warmup_steps): a large integer ratio first, then ratios that are
+# not integers, scaling *down* (the ramp then falls from base_lr to the smaller target), the
+# same batch (nothing to ramp), and no warm-up at all.
+WARMUP_CASES = [(0.05, 128, 1024, 10), (0.2, 256, 384, 6), (0.1, 64, 100, 5),
+                (0.4, 512, 128, 8), (0.1, 256, 256, 4), (0.03, 32, 4096, 0)]
+
+
+def warmup_reference(step, base_lr, base_batch, batch, warmup_steps) -> float:
+    """Goyal et al.'s gradual warm-up to the linearly scaled rate: base_lr at step 0, the target
+    base_lr·batch/base_batch from step warmup_steps on, a straight line in between."""
+    target = base_lr * batch / base_batch
+    if warmup_steps == 0:
+        return target
+    return base_lr + (target - base_lr) * min(1.0, step / warmup_steps)
+
+
+def _warmup_steps_to_try(warmup_steps: int) -> list[int]:
+    """Step 0, the end of the warm-up, well after it, the middle, and either side of the end."""
+    w = warmup_steps
+    return list(dict.fromkeys(s for s in (0, w, 3 * w + 7, w // 2, w - 1, w + 1, 1) if s >= 0))
+
+
+def _near(a: float, b: float) -> bool:
+    return bool(np.isclose(a, b, rtol=1e-9, atol=1e-15))
+
+
+def _warmup_advice(scaled_lr, got, step, base_lr, base_batch, batch, w) -> str | None:
+    """What a wrong rate most likely comes from, or None."""
+    k = batch / base_batch
+    target = base_lr * k
+    if batch % base_batch and _near(got, warmup_reference(step, base_lr, base_batch,
+                                                          base_batch * (batch // base_batch), w)):
+        return (f"The ratio batch/base_batch = {k:g} was rounded down to {batch // base_batch} "
+                f"(`//` is floor division): the rate scales by the exact ratio.")
+    if w == 0 and not math.isfinite(got):
+        return (f"With warmup_steps = 0 there is no warm-up: the rate is the target "
+                f"base_lr·batch/base_batch = {target:g} from step 0 on — don't divide by "
+                f"warmup_steps then.")
+    if step >= w and _near(got, base_lr):
+        return (f"After the warm-up the rate is the target base_lr·batch/base_batch = "
+                f"{target:g}, not base_lr: the linear scaling rule multiplies the rate by "
+                f"k = batch/base_batch = {k:g}.")
+    if step >= w and _near(got, base_lr * math.sqrt(k)):
+        return (f"That is base_lr·√k with k = batch/base_batch = {k:g}: square-root scaling, "
+                f"a different rule (it keeps the variance of the update fixed). The linear "
+                f"scaling rule multiplies the rate by k itself.")
+    goyal = ("Goyal et al.'s gradual warm-up starts at base_lr, the rate the small batch trains "
+             "well with, and adds the same amount each step until it reaches the target at "
+             "step warmup_steps.")
+    if w and _near(got, target * min(1.0, step / w)):
+        return f"Your warm-up ramps up from 0, a common variant; {goyal}"
+    if w and _near(got, target * min(1.0, (step + 1) / w)):
+        return (f"Your warm-up ramps up from 0 to the target as section 7's loop does, "
+                f"target·(step + 1)/warmup_steps — a common variant; {goyal}")
+    if w and _near(got, warmup_reference(step + 1, base_lr, base_batch, batch, w)):
+        return (f"Your rate is one step early: it is the rate of step {step + 1}, and reaches "
+                f"the target at step warmup_steps − 1 = {w - 1}. Steps count from 0: step 0 "
+                f"uses base_lr, and step warmup_steps = {w} is the first at the target — the "
+                f"fraction of the ramp done is step/warmup_steps.")
+    if w and step == w:
+        try:
+            after = as_float(scaled_lr(w + 1, base_lr, base_batch, batch, w), "")
+        except Exception:
+            after = None
+        if after is not None and _near(after, target):
+            return (f"Your rate is one step late: it reaches the target at step "
+                    f"warmup_steps + 1 = {w + 1}. Step warmup_steps = {w} is the first at the "
+                    f"target — the fraction of the ramp done is step/warmup_steps.")
+    if w and step >= 1 and _near(got, warmup_reference(step - 1, base_lr, base_batch, batch, w)):
+        return (f"Your rate is one step late: it is the rate of step {step - 1}. Steps count "
+                f"from 0, and the fraction of the ramp done is step/warmup_steps.")
+    return None
+
+
+@checker("3.7", "the linear scaling rule with warm-up")
+def check_scaled_lr(scaled_lr):
+    for base_lr, base_batch, batch, w in WARMUP_CASES:
+        target = base_lr * batch / base_batch
+        for step in _warmup_steps_to_try(w):
+            expected = warmup_reference(step, base_lr, base_batch, batch, w)
+            call = (f"scaled_lr(step={step}, base_lr={base_lr}, base_batch={base_batch}, "
+                    f"batch={batch}, warmup_steps={w})")
+            try:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    got = as_float(scaled_lr(step, base_lr, base_batch, batch, w), call)
+            except ZeroDivisionError:
+                if w:
+                    raise
+                raise Wrong(f"{call} raised ZeroDivisionError. With warmup_steps = 0 there is "
+                            f"no warm-up: the rate is the target base_lr·batch/base_batch = "
+                            f"{target:g} from step 0 on — don't divide by warmup_steps "
+                            f"then.") from None
+            if _near(got, expected):
+                continue
+            advice = _warmup_advice(scaled_lr, got, step, base_lr, base_batch, batch, w)
+            if advice is None:
+                advice = (f"Expected base_lr + (target − base_lr)·min(1, step/warmup_steps) "
+                          f"with target = base_lr·batch/base_batch = {target:g}"
+                          + (" — the same line when the target is below base_lr: the rate then "
+                             "falls during the warm-up." if target < base_lr else "."))
+            raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g}. {advice}")
+    return ("base_lr at step 0, a straight line to base_lr·batch/base_batch at step "
+            "warmup_steps, and the target from then on")
+
+
+# --- 3.8 ----------------------------------------------------------------------------------
+
+# (p, b): p ranks of b examples each, global batch B = p·b.
+NOISE_CASES = [(2, 6), (3, 4), (4, 5), (8, 3)]
+_NOISE_NAMES = ("b_noise", "g_square", "trace_sigma")
+# The statistical check: NOISE_TRIALS synthetic steps on p ranks of b examples each, with
+# per-example gradients G + noise in d dimensions, |G|² = 1 and tr Σ = 8 (noise scale 8). The
+# mean estimate must be within NOISE_TOLERANCE (relative) of the truth; the reference's standard
+# errors are about 1% (|G|²) and 0.5% (tr Σ) at this number of trials.
+NOISE_TRIALS, NOISE_TOLERANCE = 4000, 0.05
+NOISE_SYNTHETIC = dict(p=4, b=4, d=8, g_square=1.0, trace_sigma=8.0)
+
+
+class _GivenBatches:
+    """A stand-in for gradient_noise_scale's `rng` whose `choice` hands out the given batches in
+    order, so that the library estimates from exactly the batches the ranks used."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def choice(self, n, size, replace=True):
+        batch = self.batches.pop(0)
+        if len(batch) != size or replace:
+            raise RuntimeError(f"checker 3.8: gradient_noise_scale asked for {size} examples "
+                               f"(replace={replace}), the script holds {len(batch)}")
+        return batch
+
+
+def _noise_estimates(g_small: float, g_big: float, b: int, B: int) -> tuple:
+    """(b_noise, |G|², tr Σ) from mean squared norms at batch sizes b and B (for the hints)."""
+    g_square = (B * g_big - b * g_small) / (B - b)
+    trace = (g_small - g_big) / (1 / b - 1 / B)
+    return trace / g_square, g_square, trace
+
+
+def _sq_norm(grads: dict) -> float:
+    return sum(float(np.sum(g * g)) for g in grads.values())
+
+
+def _noise_problem():
+    """An MLP and data whose mean gradient stands out of the noise at the batch sizes used
+    (inputs with a non-zero mean, mostly one label), so every estimate here is positive."""
+    rng = np.random.default_rng(3008)
+    X = 1.0 + rng.standard_normal((64, 6))
+    y = np.where(rng.random(64) < 0.8, 0, rng.integers(0, 3, 64))
+    return X, y, MLP([6, 8, 3], activation="tanh", seed=8), rng
+
+
+def noise_cases():
+    """For each (p, b) of NOISE_CASES: (p, b, local squared norms, global squared norm, and the
+    library's (b_noise, |G|², tr Σ) from the same batches)."""
+    X, y, model, rng = _noise_problem()
+    cases = []
+    for p, b in NOISE_CASES:
+        batch = rng.permutation(len(X))[:p * b]
+        shards = [batch[r * b:(r + 1) * b] for r in range(p)]
+        local = [_sq_norm(loss_and_grads(model, X[s], y[s])[1]) for s in shards]
+        global_ = _sq_norm(loss_and_grads(model, X[batch], y[batch])[1])
+        # p draws of the small batch (the ranks' shards), then p of the big one (the global
+        # batch each time): the library's averages are then the mean local norm and |G_B|².
+        truth = gradient_noise_scale(model, X, y, _GivenBatches(shards + [batch] * p),
+                                     small=b, big=p * b, repeats=p)
+        cases.append((p, b, local, global_, tuple(float(v) for v in truth)))
+    return cases
+
+
+def _noise_advice(got, local, global_, b, B) -> str | None:
+    """Which plausible mistake `got` (three floats) matches, or None."""
+    g_small = float(np.mean(local))
+    right = _noise_estimates(g_small, global_, b, B)
+
+    def matches(estimates):
+        return all(_near(x, y) for x, y in zip(got, estimates))
+    if matches(_noise_estimates(local[0], global_, b, B)):
+        return ("You used only rank 0's |G_b|². Every rank measured a batch of b examples: "
+                "|G_b|² is the mean of all p local values — p measurements for free, and a "
+                "less noisy estimate.")
+    if matches((right[2] / global_, right[1], right[2])):
+        return ("|G|² and tr Σ are right, but b_noise = tr Σ / |G_B|²: the global batch's "
+                "squared norm still holds the noise tr Σ/B, so it overestimates |G|². Divide by "
+                "the unbiased |G|² estimate instead.")
+    if matches(_noise_estimates(g_small, global_, B, b)) or _near(got[2], -right[2]):
+        return ("Your tr Σ has the wrong sign: b and B are swapped. The small batch b (one "
+                "rank's) goes with |G_b|², the mean of the local values; a small batch is the "
+                "noisier one, so |G_b|² > |G_B|² on average and 1/b − 1/B > 0.")
+    if _near(got[1], global_) and not _near(right[1], global_):
+        return ("Your |G|² is |G_B|², the global batch's squared norm, which still holds the "
+                "noise tr Σ/B on average. The unbiased estimate combines both batch sizes so "
+                "that the noise cancels: |G|² = (B·|G_B|² − b·|G_b|²)/(B − b).")
+    if matches(_noise_estimates(float(np.mean(np.sqrt(local))) ** 2, global_, b, B)):
+        return ("You averaged the norms (square roots) and squared the mean: that is smaller "
+                "than the mean of the squared norms, and biased. Average the squared norms "
+                "|G_local|² themselves.")
+    return None
+
+
+def _call_noise(noise_scale_from_dp, local, global_, b, B, call) -> tuple:
+    got = _unpack(noise_scale_from_dp(list(local), global_, b, B), _NOISE_NAMES, call)
+    return tuple(as_float(x, f"{call}: {name}") for x, name in zip(got, _NOISE_NAMES))
+
+
+def noise_statistics(noise_scale_from_dp) -> tuple:
+    """The mean over NOISE_TRIALS synthetic data-parallel steps of the answer's |G|² and tr Σ,
+    and the call shown in hints."""
+    p, b, d = NOISE_SYNTHETIC["p"], NOISE_SYNTHETIC["b"], NOISE_SYNTHETIC["d"]
+    rng = np.random.default_rng(3108)
+    G = np.full(d, math.sqrt(NOISE_SYNTHETIC["g_square"] / d))
+    sigma = np.linspace(0.5, 1.5, d)
+    sigma *= math.sqrt(NOISE_SYNTHETIC["trace_sigma"] / np.sum(sigma ** 2))
+    examples = G + sigma * rng.standard_normal((NOISE_TRIALS, p, b, d))
+    local_means = examples.mean(axis=2)                        # each rank's mean gradient
+    local_sq = np.sum(local_means ** 2, axis=2)
+    global_sq = np.sum(local_means.mean(axis=1) ** 2, axis=1)  # the all-reduced mean
+    call = f"noise_scale_from_dp(…, local_batch={b}, global_batch={p * b}) on p = {p} ranks"
+    total = np.zeros(2)
+    for trial in range(NOISE_TRIALS):
+        got = _call_noise(noise_scale_from_dp, local_sq[trial].tolist(),
+                          float(global_sq[trial]), b, p * b, call)
+        total += got[1:]
+    return total / NOISE_TRIALS, call
+
+
+@checker("3.8", "the gradient noise scale from a data-parallel step")
+def check_noise_scale_from_dp(noise_scale_from_dp):
+    for p, b, local, global_, truth in noise_cases():
+        B = p * b
+        call = (f"noise_scale_from_dp(local_sq_norms=[{', '.join(f'{x:.6g}' for x in local)}], "
+                f"global_sq_norm={global_:.6g}, local_batch={b}, global_batch={B})")
+        got = _call_noise(noise_scale_from_dp, local, global_, b, B, call)
+        if all(_near(x, y) for x, y in zip(got, truth)):
+            continue
+        shown = ", ".join(f"{x:.6g}" for x in got)
+        expected = ", ".join(f"{x:.6g}" for x in truth)
+        advice = _noise_advice(got, local, global_, b, B)
+        if advice is None:
+            if not _near(got[2], truth[2]):
+                advice = ("Check tr Σ = (|G_b|² − |G_B|²)/(1/b − 1/B), with |G_b|² the mean of "
+                          "the p local values and |G_B|² the global one.")
+            elif not _near(got[1], truth[1]):
+                advice = ("Check |G|² = (B·|G_B|² − b·|G_b|²)/(B − b): the combination in which "
+                          "the noise terms tr Σ/b and tr Σ/B cancel.")
+            else:
+                advice = ("|G|² and tr Σ are right: b_noise is their ratio, tr Σ / |G|².")
+        raise Wrong(f"{call} returned ({shown}), expected ({expected}) as "
+                    f"gradient_noise_scale computes from the same batches. {advice}")
+    (mean_square, mean_trace), call = noise_statistics(noise_scale_from_dp)
+    true_square, true_trace = NOISE_SYNTHETIC["g_square"], NOISE_SYNTHETIC["trace_sigma"]
+    for name, mean, true in (("tr Σ", mean_trace, true_trace), ("|G|²", mean_square, true_square)):
+        if abs(mean - true) > NOISE_TOLERANCE * true:
+            raise Wrong(f"{call}: over {NOISE_TRIALS:,} synthetic steps with known |G|² = "
+                        f"{true_square:g} and tr Σ = {true_trace:g}, your {name} averages "
+                        f"{mean:.4g}, {abs(mean - true) / true:.0%} off the truth {true:g}: the "
+                        f"estimator is biased. E|G_b|² = |G|² + tr Σ/b at both batch sizes; "
+                        f"solve the two equations for |G|² and tr Σ.")
+    return ("agrees with gradient_noise_scale on the ranks' own batches, and |G|² and tr Σ are "
+            f"unbiased over {NOISE_TRIALS:,} synthetic steps")
+
+
+# --- 3.9 ----------------------------------------------------------------------------------
+
+# (p, t_compute (s), nbytes, alpha (s), beta (s/byte)). nbytes is a multiple of 192 = lcm(3, 64)
+# bytes, so the ring's blocks are equal and the simulator reproduces the closed form.
+STRONG_CASES = [(8, 0.12, 192 * 2 ** 18, 5e-6, 4e-11),       # 48 MiB at 25 GB/s: both terms
+                (2, 0.05, 192 * 2 ** 18, 3e-6, 1 / 300e9),
+                (3, 0.03, 192 * 2 ** 14, 1.5e-6, 4e-11),
+                (64, 0.01, 192 * 16, 30e-6, 8e-10),           # 3 KB: latency-bound
+                (64, 0.5, 192 * 2 ** 20, 1e-6, 4e-11),        # 192 MiB: bandwidth-bound
+                (1, 0.2, 192 * 2 ** 18, 5e-6, 4e-11)]         # one rank: no all-reduce
+
+
+def strong_step_times(p, t_compute, nbytes, alpha, beta) -> tuple:
+    """(T_1, T_p) of a data-parallel step timed on the simulator, as section 9 times it: the
+    global batch's computation split p ways, then a ring all-reduce of nbytes, no overlap."""
+    network = AlphaBeta(alpha, beta)
+
+    def step(comm):
+        yield comm.compute(t_compute / comm.size)
+        if comm.size > 1:
+            yield from allreduce(comm, SizeOnly(nbytes), algorithm="ring")
+    return (run(step, 1, network=network, trace=False).time,
+            run(step, p, network=network, trace=False).time)
+
+
+def _strong_advice(got, p, t_compute, nbytes, alpha, beta, t1, tp) -> str | None:
+    """Which plausible mistake `got` matches, or None."""
+    if p == 1:
+        return None
+    latency, bandwidth = 2 * (p - 1) * alpha, 2 * (p - 1) / p * nbytes * beta
+    if _near(got, t1 / (p * (t_compute / p + latency + 2 * nbytes * beta))):
+        return ("Your all-reduce moves 2·nbytes·β per rank. In the ring each rank sends "
+                "2(p − 1) blocks of nbytes/p, not whole vectors: 2(p − 1)/p · nbytes · β.")
+    if _near(got, tp / t1) or _near(got, p * tp / t1):
+        return ("Your ratio is upside down: efficiency is T_1/(p·T_p), the speed-up T_1/T_p "
+                "shared among p ranks — 1 for perfect scaling, smaller as communication grows.")
+    if _near(got, t1 / (t_compute + latency + bandwidth)):
+        return ("The computation is not divided by p: that is the weak-scaling efficiency, "
+                "where each rank keeps its own batch. In strong scaling the global batch is "
+                "fixed and each of the p ranks computes 1/p of it: T_p = t_compute/p + the "
+                "all-reduce.")
+    if _near(got, t1 / tp):
+        return ("That is the speed-up T_1/T_p; efficiency divides it by p: T_1/(p·T_p).")
+    if _near(got, t1 / (t_compute + p * bandwidth)):
+        return ("The α term is missing: the ring takes 2(p − 1) steps, and each step's message "
+                "pays α — 2(p − 1)α of latency however small the gradient.")
+    return None
+
+
+@checker("3.9", "strong-scaling efficiency from the α–β model")
+def check_strong_efficiency(strong_efficiency):
+    for p, t_compute, nbytes, alpha, beta in STRONG_CASES:
+        t1, tp = strong_step_times(p, t_compute, nbytes, alpha, beta)
+        expected = t1 / (p * tp)
+        call = (f"strong_efficiency(p={p}, t_compute={t_compute:g}, nbytes={nbytes}, "
+                f"alpha={alpha:g}, beta={beta:.3g})")
+        got = as_float(strong_efficiency(p, t_compute, nbytes, alpha, beta), call)
+        if _near(got, expected):
+            continue
+        advice = _strong_advice(got, p, t_compute, nbytes, alpha, beta, t1, tp)
+        if advice is None:
+            advice = ("Expected T_1/(p·T_p) with T_1 = t_compute and T_p = t_compute/p + "
+                      "2(p − 1)α + 2(p − 1)/p · nbytes · β (no all-reduce on one rank).")
+        raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g} (simulated: T_1 = "
+                    f"{t1:.6g} s, T_{p} = {tp:.6g} s). {advice}")
+    return ("T_1/(p·T_p) matches the simulated ring all-reduce step, latency- and "
+            "bandwidth-bound")
+
+
+# --- 3.10 ---------------------------------------------------------------------------------
+
+def _ddp_profile(seed: int, p: int, tensors: int) -> list:
+    """A seeded backward pass: (name, nbytes, seconds) in the order gradients are produced.
+    Sizes are multiples of 8p bytes, so every ring block is equal and the closed form exact."""
+    rng = np.random.default_rng(seed)
+    return [(f"t{i}", int(rng.integers(1, 2000)) * 8 * p, float(rng.uniform(0, 3e-4)))
+            for i in range(tensors)]
+
+
+# (seed, p, tensors, bucket cap (B), alpha (s), beta (s/B), forward (s)). The caps cover one
+# bucket per gradient, a few buckets, and one bucket; the networks a link that keeps up with
+# backward and one that does not.
+DDP_CASES = [(1, 4, 12, 20_000, 2e-6, 1 / 25e9, 1e-3),
+             (2, 8, 20, 0, 5e-6, 1 / 25e9, 2e-3),
+             (3, 2, 9, 60_000, 1e-6, 1 / 1.25e9, 5e-4),       # 10 GbE: bandwidth-bound
+             (4, 16, 15, 150_000, 3e-6, 1 / 300e9, 1e-3),
+             (5, 3, 6, float("inf"), 2e-6, 1 / 25e9, 1e-3),
+             (6, 4, 1, 10_000, 2e-6, 1 / 25e9, 1e-3)]
+
+
+def ddp_simulated_time(gradients, bucket_cap, p, alpha, beta, forward) -> float:
+    """The iteration time of one DDP step on the simulator: forward, then backward producing
+    `gradients` while ddp_allreduce all-reduces its buckets on a second activity."""
+    buckets = assign_buckets([(name, nbytes) for name, nbytes, _ in reversed(gradients)],
+                             bucket_cap)
+
+    def step(comm):
+        yield comm.compute(forward)
+        yield from ddp_allreduce(comm, ((name, SizeOnly(nbytes), seconds)
+                                        for name, nbytes, seconds in gradients), buckets)
+    return run(step, p, network=AlphaBeta(alpha, beta), trace=False).time
+
+
+def _ddp_variants(gradients, bucket_cap, p, alpha, beta, forward) -> dict:
+    """What plausible mistakes compute, keyed by the advice that names each."""
+    buckets = assign_buckets([(n, b) for n, b, _ in reversed(gradients)], bucket_cap)
+    nbytes = {n: b for n, b, _ in gradients}
+    ready, first, clock = {}, {}, forward
+    for name, _, seconds in gradients:
+        first[name] = clock                  # when its computation started
+        clock += seconds
+        ready[name] = clock
+
+    def ring(n, with_alpha=True, fraction=True):
+        return (2 * (p - 1) * alpha if with_alpha else 0.0) + \
+            2 * ((p - 1) / p if fraction else 1.0) * n * beta
+
+    def queue(start_of, cost_of):
+        end = forward
+        for bucket in buckets:
+            end = max(start_of(bucket), end) + cost_of(sum(nbytes[n] for n in bucket))
+        return max(end, clock)
+
+    def latest(bucket):
+        return max(ready[n] for n in bucket)
+    return {
+        "no overlap": clock + sum(ring(sum(nbytes[n] for n in b)) for b in buckets),
+        "no queue": max([clock] + [latest(b) + ring(sum(nbytes[n] for n in b)) for b in buckets]),
+        "first gradient": queue(lambda b: min(first[n] for n in b), ring),
+        "no alpha": queue(latest, lambda n: ring(n, with_alpha=False)),
+        "no fraction": queue(latest, lambda n: ring(n, fraction=False)),
+    }
+
+
+_DDP_ADVICE = {
+    "no overlap": "That is the step without overlap: backward, then every bucket. A bucket's "
+                  "all-reduce starts as soon as its last gradient is produced (and the bucket "
+                  "before it is done), while backward goes on.",
+    "no queue": "Each bucket's all-reduce started the moment it was ready, even while the one "
+                "before it was still running. Buckets go one at a time, in order (one stream): "
+                "a bucket starts at max(its last gradient's time, the end of the bucket before).",
+    "first gradient": "A bucket was started when its first gradient was being computed. It "
+                      "can start only when its *last* gradient is out of backward.",
+    "no alpha": "The latency term is missing: a ring all-reduce pays 2(p − 1)α per bucket — "
+                "which is what makes many small buckets slow.",
+    "no fraction": "Each ring all-reduce moves 2(p − 1)/p · n · β per rank, not 2·n·β.",
+}
+
+
+@checker("3.10", "DDP's iteration time from the α–β model")
+def check_ddp_iteration_time(ddp_iteration_time):
+    for seed, p, tensors, cap, alpha, beta, forward in DDP_CASES:
+        gradients = _ddp_profile(seed, p, tensors)
+        expected = ddp_simulated_time(gradients, cap, p, alpha, beta, forward)
+        call = (f"ddp_iteration_time(<{tensors} gradients, {sum(b for _, b, _ in gradients):,} B "
+                f"in all>, bucket_cap={cap:g}, p={p}, alpha={alpha:g}, beta={beta:.3g}, "
+                f"forward_seconds={forward:g})")
+        got = as_float(ddp_iteration_time(list(gradients), cap, p, alpha, beta, forward), call)
+        if math.isclose(got, expected, rel_tol=_TIME_RTOL):
+            continue
+        advice = next((_DDP_ADVICE[key] for key, value in
+                       _ddp_variants(gradients, cap, p, alpha, beta, forward).items()
+                       if math.isclose(got, value, rel_tol=_TIME_RTOL)),
+                      "Walk the buckets in order: bucket k starts at max(when its last "
+                      "gradient is produced, when bucket k − 1 ends) and takes 2(p − 1)α + "
+                      "2(p − 1)/p · n_k · β; the step ends when both backward and the last "
+                      "bucket are done.")
+        raise Wrong(f"{call} returned {got * 1e3:.6g} ms; the simulator takes "
+                    f"{expected * 1e3:.6g} ms. {advice}")
+    return ("matches the simulated DDP step exactly: one bucket per gradient, a few, one; "
+            "links that keep up with backward and one that does not")
