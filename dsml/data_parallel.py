@@ -124,7 +124,7 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 42
+# -- cell 44
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
     """McCandlish et al.'s simple noise scale tr(Σ)/|G|² at the model's current weights, from
@@ -147,7 +147,7 @@ def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, rep
     return trace / true_square, true_square, trace
 
 
-# -- cell 57
+# -- cell 59
 from dsml.comm.api import SizeOnly
 
 
@@ -226,7 +226,7 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 59
+# -- cell 61
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
 
 

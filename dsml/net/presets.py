@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 46
+# -- cell 48
 from typing import NamedTuple
 
 from dsml.net.alphabeta import AlphaBeta
