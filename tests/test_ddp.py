@@ -18,6 +18,7 @@ from dsml.comm.api import SizeOnly
 from dsml.data_parallel import LOSS, assign_buckets, ddp_allreduce, ddp_sgd
 from dsml.net import presets
 from dsml.train import MLP
+from leaks import nothing_left_behind  # noqa: F401
 from test_data_parallel import (NET, SIZES, TIMEOUT, assert_matches_reference, build,
                                 classification, global_batches, reference_training, snapshot)
 

@@ -4,7 +4,7 @@
 # -- cell 54
 import types
 
-from dsml.comm.api import Comm, Request
+from dsml.comm.api import ADDED_REQUESTS, Comm, Request
 from dsml.comm.sim_engine import SimEngine
 from dsml.sim import PENDING
 from dsml.utils import add_to_class
@@ -32,6 +32,13 @@ class Spawn(Request):
 
     def __init__(self, program):
         self.program = program
+
+    def start(self, rank: int, number: int, main_returned):
+        """(handle, generator) of activity `number` of `rank`: what an engine runs, and what
+        the spawning program gets. `main_returned()` says whether the rank's program has
+        returned (see run_activity)."""
+        handle = Activity(rank, number)
+        return handle, run_activity(self.program, handle, main_returned)
 
     def describe(self):
         return "starts an activity"
@@ -91,9 +98,8 @@ def on_spawn(self, process, req):
     rank = process.pid
     counts = self.__dict__.setdefault("activity_counts", [0] * self.world_size)
     counts[rank] += 1
-    handle = Activity(rank, counts[rank])
     main = self.sim.processes[rank]
-    gen = run_activity(req.program, handle, lambda: main.done)
+    handle, gen = req.start(rank, counts[rank], lambda: main.done)
     self.sim.spawn(gen, self.handle, name=f"rank {rank} activity {handle.number}", pid=rank)
     return handle
 
@@ -113,4 +119,4 @@ def on_join(self, process, req):
     return PENDING
 
 
-SimEngine.added_requests.update({Spawn: "on_spawn", Join: "on_join"})
+ADDED_REQUESTS.update({Spawn: "spawn", Join: "join"})

@@ -96,6 +96,18 @@ class Request:
     __slots__ = ()
 
 
+# Requests that later weeks add (week 3: comm.spawn, comm.join) register here, type -> role
+# ("spawn"), and every engine looks them up: additions to the vocabulary, not rewrites.
+ADDED_REQUESTS: dict = {}
+
+
+def request_choices() -> str:
+    """The requests a rank program may yield, for the error that says it yielded something else."""
+    added = sorted(set(ADDED_REQUESTS.values()))
+    return ("comm.send(...), comm.recv(...), comm.sendrecv(...), comm.compute(...), "
+            "comm.combine(...), comm.now()" + "".join(f", comm.{role}(...)" for role in added))
+
+
 class Send(Request):
     """Send `payload` to rank `dst`. Eager: completes when the message has left, without
     waiting for the matching receive."""

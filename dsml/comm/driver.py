@@ -15,7 +15,20 @@ one rank to another and how a rank waits. Everything else lives here, once:
 
 A transport has `send(dst, tag, payload)`, which never blocks (sends are eager), and
 `_next(src)`, which blocks until one more message has arrived — from `src`, or from anyone if
-its inbound channel is shared — and returns `(source, tag, payload)`.
+its inbound channel is shared — and returns `(source, tag, payload)`; `_next_any(sources)` does
+the same for a set of sources (week 3's activities, below).
+
+Activities (week 3: `comm.spawn` / `comm.join`, `dsml.comm.activities`). A program that never
+spawns runs in `drive`'s loop, one request at a time, as it always has. At its first Spawn (or
+Join) `drive` hands the rank to `_drive_activities`, a cooperative scheduler inside the rank's
+own thread or process — no extra OS thread: it keeps the rank's activities (main first, each a
+generator — spawned ones wrapped in `run_activity`, the rule every engine shares), steps every
+activity that can go on (send, compute, combine, now, spawn at once; a receive when its message
+is in the stash; a join when its activity is done), and when none can, blocks in
+`transport._next_any` until one more message arrives from any source a blocked receive waits
+for, gives it to the first activity that posted a receive for its (source, tag) — or to the
+stash — and goes on. The activities share the rank's mailbox, as on the simulator: a message
+goes to whichever activity's receive takes it first.
 """
 from __future__ import annotations
 
@@ -26,17 +39,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dsml.comm import api
-from dsml.comm.api import (Combine, Comm, Compute, RankError, Recv, RunResult, Send, SendRecv,
-                           payload_nbytes, start_rank)
+from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
+                           RunResult, Send, SendRecv, payload_nbytes, request_choices, start_rank)
 from dsml.sim import Trace
 
-# `comm.now()` arrived with week 2; engines answer it when the vocabulary has it.
-Now = getattr(api, "Now", None)
-
 # States in a Status record.
-RUNNING, RECEIVING, DONE = 0, 1, 3
-STATUS_FIELDS = 3     # state, peer, tag
+RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
+# state, peer (the activity joined, when JOINING), tag, then for a rank that runs activities:
+# which one the record shows (0: the main program), how many others wait too, and whether
+# the main program has already returned (1).
+STATUS_FIELDS = 6
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
 
 
@@ -63,7 +75,11 @@ class Outcome(NamedTuple):
 
 class Status:
     """What each rank is doing, in a flat sequence of STATUS_FIELDS numbers per rank: a list
-    for threads, a shared `RawArray` for processes (written by the child, read by the parent)."""
+    for threads, a shared `RawArray` for processes (written by the child, read by the parent).
+
+    A rank with one activity writes the first three (`set`); a rank that runs several
+    (`set_activities`) shows one activity's wait — the main program's if it waits for a
+    message, else the first other activity that does, else a join — and how many others wait."""
 
     def __init__(self, cells):
         self.cells = cells
@@ -73,14 +89,29 @@ class Status:
         cells = self.cells
         cells[base], cells[base + 1], cells[base + 2] = state, peer, tag
 
+    def set_activities(self, rank, state, peer, tag, activity, others, returned):
+        base = rank * STATUS_FIELDS
+        self.cells[base:base + STATUS_FIELDS] = [state, peer, tag, activity, others,
+                                                 int(returned)]
+
     def describe(self, rank) -> str:
         base = rank * STATUS_FIELDS
-        state, peer, tag = self.cells[base], self.cells[base + 1], self.cells[base + 2]
-        if state == RECEIVING:
-            return f"rank {rank} waits for a message from rank {peer} (tag {tag})"
+        state, peer, tag, activity, others, returned = self.cells[base:base + STATUS_FIELDS]
         if state == DONE:
             return f"rank {rank} finished"
-        return f"rank {rank} is running its program (not waiting on a message)"
+        who = f"rank {rank}" if activity == 0 else f"rank {rank} activity {activity}"
+        if state == RECEIVING:
+            text = f"{who} waits for a message from rank {peer} (tag {tag})"
+        elif state == JOINING:
+            text = f"{who} waits in join for its activity {peer} to finish"
+        else:
+            return f"rank {rank} is running its program (not waiting on a message)"
+        if others:
+            text += (f" (and {others} other activit{'y' if others == 1 else 'ies'} of rank "
+                     f"{rank} wait{'s' if others == 1 else ''})")
+        if returned:
+            text += "; its program has returned without joining it"
+        return text
 
 
 class MatchingTransport:
@@ -128,12 +159,13 @@ class MatchingTransport:
     def _next(self, src):                       # pragma: no cover - each transport has one
         raise NotImplementedError
 
+    def _next_any(self, sources):               # pragma: no cover - each transport has one
+        raise NotImplementedError
+
 
 def _not_a_request(request) -> TypeError:
-    choices = "comm.send(...), comm.recv(...), comm.sendrecv(...), comm.compute(...)"
-    choices += ", comm.combine(...) or comm.now()" if Now is not None else \
-        " or comm.combine(...)"
-    return TypeError(f"yielded {request!r}, which is not a request; yield {choices}")
+    return TypeError(f"yielded {request!r}, which is not a request; yield one of "
+                     f"{request_choices()}")
 
 
 def drive(rank: int, size: int, program, args, kwargs, transport,
@@ -182,6 +214,10 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         elif kind is Now:
             value = start - t0           # reading the clock is not recorded (as on sim)
             continue
+        elif ADDED_REQUESTS.get(kind) in ("spawn", "join"):
+            # A second activity (week 3): from here on, the scheduler runs the rank.
+            return _drive_activities(rank, gen, request, start, transport, t0, sent,
+                                     received, records)
         else:
             raise _not_a_request(request)
         if records is not None:
@@ -189,6 +225,194 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
                 nbytes = payload_nbytes(value)
             records.append((rank, op, start, clock(), src, dst, nbytes,
                             getattr(request, "tag", 0)))
+
+
+class _Activity:
+    """One activity of a rank under `_drive_activities`: its generator, and what it waits for
+    (`request`, None when it is ready or running) since when (`start`). `value` is what it
+    is sent when it runs next (what its last request answered)."""
+    __slots__ = ("number", "gen", "request", "start", "value", "done")
+
+    def __init__(self, number, gen):
+        self.number, self.gen = number, gen
+        self.request, self.start, self.value, self.done = None, 0.0, None, False
+
+
+def _drive_activities(rank, main_gen, request, start, transport, t0, sent, received,
+                      records) -> Outcome:
+    """Run a rank whose program has just yielded its first Spawn (or a Join) `request` at
+    `start`: the rank's activities, cooperatively, until the main program has returned and
+    no activity is left running (see the module docstring)."""
+    clock = time.perf_counter
+    stash = transport.early                 # (src, tag) -> payloads nobody has taken yet
+    main = _Activity(0, main_gen)
+    running = [main]                        # activities not finished, main first
+    ready = deque()                         # activities that can go on, in the order they can
+    posted = {}                             # (src, tag) -> activities waiting, in posting order
+    spawned = 0
+    outcome = None
+
+    def main_returned():
+        return main.done
+
+    def resumer(activity):
+        def resume(value):                  # a joined activity finished (run_activity calls it)
+            activity.value = value
+            ready.append(activity)
+        return resume
+
+    def step(activity, request, start):
+        """Hand the activity its requests until one must wait or the activity ends."""
+        nonlocal spawned, outcome
+        gen, value = activity.gen, activity.value
+        while True:
+            if request is None:
+                try:
+                    request = gen.send(value)
+                except StopIteration as stop:
+                    activity.done = True
+                    running.remove(activity)
+                    if activity is main:
+                        outcome = Outcome(stop.value, t0, clock(), records, sent, received)
+                    return
+                start = clock()
+            kind = type(request)
+            if kind is SendRecv or kind is Recv:
+                if kind is SendRecv:
+                    transport.send(request.dst, request.tag, request.payload)
+                    sent[request.dst] += 1
+                key = (request.src, request.tag)
+                queue, box = posted.get(key), stash.get(key)
+                if queue or not box:        # someone posted first, or nothing is here: wait
+                    activity.request, activity.start = request, start
+                    if queue is None:
+                        queue = posted[key] = deque()
+                    queue.append(activity)
+                    return
+                value = box.popleft()
+                received[request.src] += 1
+                if records is not None:
+                    if kind is SendRecv:
+                        records.append((rank, "sendrecv", start, clock(), request.src,
+                                        request.dst, request.nbytes, request.tag))
+                    else:
+                        records.append((rank, "recv", start, clock(), request.src, rank,
+                                        payload_nbytes(value), request.tag))
+            elif kind is Send:
+                transport.send(request.dst, request.tag, request.payload)
+                sent[request.dst] += 1
+                value = None
+                if records is not None:
+                    records.append((rank, "send", start, clock(), rank, request.dst,
+                                    request.nbytes, request.tag))
+            elif kind is Compute or kind is Combine:
+                value = None
+                if records is not None:
+                    op, nbytes = ("compute", 0) if kind is Compute else ("combine",
+                                                                         request.nbytes)
+                    records.append((rank, op, start, clock(), -1, -1, nbytes, 0))
+            elif kind is Now:
+                value = start - t0
+            elif ADDED_REQUESTS.get(kind) == "spawn":
+                spawned += 1
+                handle, gen_of_child = request.start(rank, spawned, main_returned)
+                child = _Activity(spawned, gen_of_child)
+                running.append(child)
+                ready.append(child)         # starts once this one waits, as on the simulator
+                value = handle
+            elif ADDED_REQUESTS.get(kind) == "join":
+                handle = request.activity
+                if not handle.done:
+                    activity.request, activity.start = request, start
+                    handle.joiners.append(resumer(activity))
+                    return
+                value = handle.value
+                if records is not None:
+                    records.append((rank, "join", start, clock(), -1, -1, 0, 0))
+            else:
+                raise _not_a_request(request)
+            request = None
+
+    def woken(activity):
+        """The activity's wait is over (its message or its joined activity is in `value`):
+        record the wait, from its start until now, when the activity resumes."""
+        request, activity.request = activity.request, None
+        if records is None:
+            return
+        kind = type(request)
+        if kind is SendRecv:
+            row = (rank, "sendrecv", activity.start, clock(), request.src, request.dst,
+                   request.nbytes, request.tag)
+        elif kind is Recv:
+            row = (rank, "recv", activity.start, clock(), request.src, rank,
+                   payload_nbytes(activity.value), request.tag)
+        else:
+            row = (rank, "join", activity.start, clock(), -1, -1, 0, 0)
+        records.append(row)
+
+    def deliver(src, tag, payload) -> None:
+        """A message arrived: to the first activity waiting for it, or to the stash."""
+        key = (src, tag)
+        queue = posted.get(key)
+        if not queue:
+            transport.stash(src, tag, payload)
+            return
+        activity = queue.popleft()
+        if not queue:
+            del posted[key]
+        received[src] += 1
+        activity.value = payload
+        ready.append(activity)
+
+    def from_stash() -> None:
+        """Give stashed messages to the activities waiting for them. A send may stash what
+        it reads while it makes room (processes), after a receive for it was posted."""
+        for key in [key for key in posted if stash.get(key)]:
+            queue, box = posted[key], stash[key]
+            while queue and box:
+                activity = queue.popleft()
+                activity.value = box.popleft()
+                received[key[0]] += 1
+                ready.append(activity)
+            if not queue:
+                del posted[key]
+
+    def show_waits() -> None:
+        """Status, when every running activity waits: the main program's wait if it waits
+        for a message, else the first other activity's that does, else a join; and how many
+        other activities wait."""
+        shown = running[0]
+        for activity in running:
+            if ADDED_REQUESTS.get(type(activity.request)) != "join":
+                shown = activity
+                break
+        request = shown.request
+        if ADDED_REQUESTS.get(type(request)) == "join":
+            state, peer, tag = JOINING, request.activity.number, -1
+        else:
+            state, peer, tag = RECEIVING, request.src, request.tag
+        transport.status.set_activities(rank, state, peer, tag, shown.number,
+                                        len(running) - 1, main.done)
+
+    step(main, request, start)
+    while True:
+        while ready:
+            activity = ready.popleft()
+            if activity.request is not None:
+                woken(activity)
+            step(activity, None, 0.0)
+        if main.done and len(running) == 0:
+            transport.status.set(rank, DONE)
+            return outcome
+        from_stash()
+        if ready:
+            continue
+        # Nothing can go on: wait for one more message from a source that a receive waits
+        # for (none, if every activity waits in join: only the run's timeout ends that).
+        show_waits()
+        src, tag, payload = transport._next_any({key[0] for key in posted})
+        transport.status.set(rank, RUNNING)
+        deliver(src, tag, payload)
 
 
 # --- what the parent makes of the ranks' reports ------------------------------------------------

@@ -24,6 +24,10 @@ with the `threads` engine). The transport:
   waits for needs — so it yields the CPU (sched_yield) between polls for the same SPIN, which
   runs a ready peer at once (a 4-rank ring all-reduce of 4 KiB on 2 CPUs: ~210 µs instead of
   ~370 µs sleeping at once), and then sleeps.
+- **Activities** (week 3, `comm.spawn`): a rank runs its activities in its own process, by
+  turns (`driver._drive_activities`); when all of them wait, `_next_any` waits as a receive
+  does — parse, read, spin, then poll() — on the pipes of every peer they wait for at once. A
+  program that never spawns never gets there: its receives keep the one-pipe path above.
 - **Large arrays** (`nbytes ≥ SHM_THRESHOLD`, 32 KiB, where a ping-pong through shared memory
   starts to beat the pipe on the development machine; anywhere in a payload, also inside
   tuples and dicts) travel through POSIX shared memory: the sender copies the array into a
@@ -552,12 +556,56 @@ class PipeTransport(MatchingTransport):
             elif got is None:         # the sender died: the parent notices and stops this rank
                 self._wait(None)
 
-    def _wait(self, fd):
-        """Block until `fd` is readable (if given) or a backlogged pipe has room, writing
-        out backlogs meanwhile; give up after POLL seconds to check on the parent."""
+    def _next_any(self, sources):
+        """The next message from any of `sources` (a set of ranks: the peers that a rank's
+        activities wait for, week 3), as `_next` waits for one: parse what is already read,
+        read what the pipes hold, spin, then sleep in poll() on all of their pipes at once.
+        With no source (every activity waits in join) it only waits, writing out backlogs,
+        until the parent ends the run."""
+        if len(sources) == 1:
+            for src in sources:
+                return self._next(src)
+        sources = sorted(sources)
+        closed = set()                # sources whose sender has gone (end of file)
+        while True:
+            for src in sources:
+                frame = self._parse(src)
+                if frame is not None:
+                    return (src,) + frame
+            got = self._fill_any(sources, closed)
+            if not got and self.segments.returned:
+                self._acknowledge()
+            if not got and self.spin and sources:
+                until = time.perf_counter() + self.spin
+                pause = self.pause
+                while not got and time.perf_counter() < until:
+                    if pause is not None:
+                        pause()
+                    got = self._fill_any(sources, closed)
+            if not got:
+                self._wait(None, [self.readers[src] for src in sources if src not in closed])
+
+    def _fill_any(self, sources, closed) -> bool:
+        """`_fill` every source not known to be closed: True if anything came from any."""
+        got = False
+        for src in sources:
+            if src not in closed:
+                filled = self._fill(src)
+                if filled:
+                    got = True
+                elif filled is None:
+                    closed.add(src)
+        return got
+
+    def _wait(self, fd, more=()):
+        """Block until `fd` (if given) or one of the descriptors in `more` is readable, or
+        a backlogged pipe has room, writing out backlogs meanwhile; give up after POLL
+        seconds to check on the parent."""
         poller = select.poll()
         if fd is not None:
             poller.register(fd, select.POLLIN)
+        for other in more:
+            poller.register(other, select.POLLIN)
         for dst in self.pending:
             poller.register(self.writers[dst], select.POLLOUT)
         ready = poller.poll(POLL * 1000)

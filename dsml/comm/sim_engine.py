@@ -1,7 +1,7 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, snapshot, start_rank
+from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, request_choices, snapshot, start_rank
 from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Trace
 
 
@@ -14,7 +14,6 @@ from dsml.utils import add_to_class
 class SimEngine:
     """Runs rank programs on the discrete-event simulator over a network model."""
 
-    added_requests: dict = {}     # request type -> handler method name (see __init__)
 
     def __init__(self, world_size: int, network, trace: bool = True):
         self.world_size = world_size
@@ -32,18 +31,16 @@ class SimEngine:
         self.handlers = {Send: self.on_send, Recv: self.on_recv,
                          SendRecv: self.on_sendrecv, Compute: self.on_compute,
                          Combine: self.on_combine, Now: self.on_now}
-        # Requests that later weeks add register here (type -> method name): additions to the
-        # vocabulary, not rewrites of this engine.
-        self.handlers.update({kind: getattr(self, name)
-                              for kind, name in self.added_requests.items()})
+        # Requests that later weeks add: role "spawn" is handled by on_spawn, and so on.
+        self.handlers.update({kind: getattr(self, "on_" + role)
+                              for kind, role in ADDED_REQUESTS.items()})
 
     def handle(self, process, request) -> None:
         try:
             handler = self.handlers[type(request)]
         except KeyError:
             raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
-                            f"yield comm.send(...), comm.recv(...), comm.sendrecv(...), "
-                            f"comm.compute(...), comm.combine(...) or comm.now()") from None
+                            f"yield one of {request_choices()}") from None
         return handler(process, request)
 
     def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:

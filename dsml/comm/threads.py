@@ -6,6 +6,10 @@ every engine); a receive matches (source, tag) in arrival order, stashing the ot
 (`driver.MatchingTransport`). The send takes the snapshot of the payload (`api.snapshot`, a
 copy made before the rank runs on), and the receiver gets that snapshot itself.
 
+A rank that spawns activities (week 3, `comm.spawn`) runs them in its own thread, by turns
+(`driver._drive_activities`); when all of them wait, it takes the next message from its inbox,
+whoever sent it.
+
 All ranks share one interpreter, so under the GIL the threads take turns: this engine shows
 shared-memory behaviour and interleavings, not parallel speed-up (DESIGN.md: use it to
 illustrate, and real processes to measure).
@@ -53,6 +57,12 @@ class ThreadTransport(MatchingTransport):
             except queue.Empty:
                 if cancelled.is_set():
                     raise Cancelled() from None
+
+    def _next_any(self, sources):
+        """The next message from any of `sources` (activities, week 3): the one inbox already
+        holds every source's, so this is the next message from anyone (the driver stashes it
+        if nobody waits for it)."""
+        return self._next(None)
 
 
 def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = True,
