@@ -19,6 +19,15 @@ def shard_bounds(n: int, p: int, rank: int):
     return start, start + base + (1 if rank < extra else 0)
 
 
+def my_shard(comm, step: int, batch):
+    """(the global batch as an array, this rank's share of it); an empty batch is an error."""
+    batch = np.asarray(batch)
+    if len(batch) == 0:
+        raise ValueError(f"step {step}: the batch is empty")
+    start, stop = shard_bounds(len(batch), comm.size, comm.rank)
+    return batch, batch[start:stop]
+
+
 def flatten(grads, extra: int = 0):
     """Named arrays → one float64 vector (with `extra` zeros at the end, for values that ride
     along in the same all-reduce) and its layout [(name, shape), …]."""
@@ -61,11 +70,7 @@ def data_parallel_sgd(comm, model, optimizer, X, y, batches, loss="cross_entropy
     gradient; every rank takes the same step. Returns the batch losses."""
     losses = []
     for step, batch in enumerate(batches):
-        batch = np.asarray(batch)
-        if len(batch) == 0:
-            raise ValueError(f"step {step}: the batch is empty")
-        start, stop = shard_bounds(len(batch), comm.size, comm.rank)
-        mine = batch[start:stop]
+        batch, mine = my_shard(comm, step, batch)
         if len(mine):
             local_loss, grads = loss_and_grads(model, X[mine], y[mine], loss)
         else:                                  # an empty shard adds nothing to the sums
@@ -240,11 +245,7 @@ def ddp_sgd(comm, model, optimizer, X, y, batches, bucket_cap: float = 25e6, ove
                              + [(LOSS, 8)], bucket_cap)
     losses = []
     for step, batch in enumerate(batches):
-        batch = np.asarray(batch)
-        if len(batch) == 0:
-            raise ValueError(f"step {step}: the batch is empty")
-        start, stop = shard_bounds(len(batch), comm.size, comm.rank)
-        mine = batch[start:stop]
+        batch, mine = my_shard(comm, step, batch)
         summed = yield from ddp_allreduce(comm, _shard_gradient_sums(model, X[mine], y[mine],
                                                                      loss, seconds_per_flop),
                                           buckets, overlap, algorithm)
