@@ -1,6 +1,6 @@
 """Benchmark (hand-written): dsml's ring all-reduce on real processes against MPI and gloo.
 
-Three implementations of the same operation — the sum of a float32 vector over p processes on
+Four implementations of the same operation — the sum of a float32 vector over p processes on
 this machine — timed the same way:
 
 - **dsml**: `dsml.run(program, p, engine="processes")`, where the program runs
@@ -9,6 +9,13 @@ this machine — timed the same way:
   `mpiexec -n p python allreduce_real_engines.py --mpi-worker ...`, timed with `MPI.Wtime`.
 - **gloo**: `torch.distributed.all_reduce` on a CPU tensor, backend "gloo", p processes
   started by this script (rendezvous over TCP on 127.0.0.1), one torch thread each.
+- **dsml-mpi**: the dsml program on `engine="mpi"` — our algorithms on MPI's own transport
+  (mpi4py point-to-point), launched with mpiexec as MPI is; its column in the first table is
+  the ring, and a second table holds every algorithm of `--algorithms` against MPI's
+  Allreduce: the overhead of our algorithms (and of Python) over MPI's, on the same transport.
+
+Both MPI jobs are started with `dsml.comm.mpi.mpiexec_command` (the flags this host's mpiexec
+needs) and one BLAS thread per rank.
 
 Each measurement, for every size: a barrier, a few warm-up all-reduces, a barrier, N timed
 all-reduces; the time per all-reduce is the slowest rank's (max over ranks). The three are run
@@ -20,6 +27,7 @@ Run (from the repository root; mpi4py and torch are optional, their columns are 
 they are missing):
 
     OMP_NUM_THREADS=1 python benchmarks/allreduce_real_engines.py            # p = 2, 4; 4K … 64M
+    python benchmarks/allreduce_real_engines.py --engines mpi,dsml-mpi --algorithms ring,tree
     python benchmarks/allreduce_real_engines.py --world-sizes 2 -b 4K -e 1M --repeats 3
     python benchmarks/allreduce_real_engines.py --quick                     # a smoke run
 """
@@ -28,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -45,9 +52,10 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from dsml.cli import format_bytes, parse_size  # noqa: E402
-from dsml.collectives import busbw_factor  # noqa: E402
+from dsml.collectives import ALLREDUCE_ALGORITHMS, busbw_factor  # noqa: E402
+from dsml.comm.mpi import find_mpiexec, mpiexec_command, mpiexec_env  # noqa: E402
 
-ENGINES = ("dsml", "mpi", "gloo")
+ENGINES = ("dsml", "mpi", "gloo", "dsml-mpi")
 RESULT_MARK = "RESULT "        # a worker's line of JSON results on stdout starts with this
 
 
@@ -71,8 +79,8 @@ def expected_sum(nbytes: int, p: int) -> np.ndarray:
 
 # --- dsml ---------------------------------------------------------------------------------------
 
-def dsml_program(comm, sizes, quick):
-    """Rank program: for each size, warm up, then time N ring all-reduces with comm.now()."""
+def dsml_program(comm, sizes, quick, algorithm="ring"):
+    """Rank program: for each size, warm up, then time N all-reduces with comm.now()."""
     import dsml.collectives as coll
     token = np.zeros(1, dtype=np.float32)
     times = []
@@ -80,15 +88,15 @@ def dsml_program(comm, sizes, quick):
         x = vector(nbytes, comm.rank)
         warm, timed = iterations(nbytes, quick)
         for _ in range(warm):
-            out = yield from coll.allreduce(comm, x, algorithm="ring")
+            out = yield from coll.allreduce(comm, x, algorithm=algorithm)
         yield from coll.allreduce(comm, token, algorithm="ring")      # a barrier
         t0 = yield comm.now()
         for _ in range(timed):
-            out = yield from coll.allreduce(comm, x, algorithm="ring")
+            out = yield from coll.allreduce(comm, x, algorithm=algorithm)
         t1 = yield comm.now()
         times.append((t1 - t0) / timed)
         if not np.array_equal(out, expected_sum(nbytes, comm.size)):
-            raise AssertionError(f"dsml all-reduce of {nbytes} B gave a wrong sum")
+            raise AssertionError(f"dsml {algorithm} all-reduce of {nbytes} B gave a wrong sum")
     return times
 
 
@@ -124,15 +132,32 @@ def mpi_worker(sizes, quick):
         print(RESULT_MARK + json.dumps(times), flush=True)
 
 
-def mpiexec() -> str | None:
-    """The mpiexec next to this Python (the `mpich` wheel installs it there), else on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 def run_mpi(p, sizes, quick):
-    command = [mpiexec(), "-n", str(p), sys.executable, str(Path(__file__).resolve()),
-               "--mpi-worker", "--sizes", ",".join(map(str, sizes))] + (["--quick"] * quick)
+    command = mpiexec_command(p, [sys.executable, str(Path(__file__).resolve()), "--mpi-worker",
+                                  "--sizes", ",".join(map(str, sizes))] + ["--quick"] * quick)
+    return _run_workers([command])
+
+
+# --- dsml on the mpi engine --------------------------------------------------------------------
+
+def dsml_mpi_worker(sizes, quick, algorithms):
+    """One process of the job: each algorithm over every size, on engine="mpi"."""
+    import dsml
+    from dsml.comm.mpi import job_rank
+    times = {}
+    for algorithm in algorithms:
+        result = dsml.run(dsml_program, None, engine="mpi", args=(sizes, quick, algorithm),
+                          trace=False, timeout=1800)
+        times[algorithm] = [max(per_rank[i] for per_rank in result.values)
+                            for i in range(len(sizes))]
+    if job_rank() == 0:
+        print(RESULT_MARK + json.dumps(times), flush=True)
+
+
+def run_dsml_mpi(p, sizes, quick, algorithms):
+    command = mpiexec_command(p, [sys.executable, str(Path(__file__).resolve()),
+                                  "--dsml-mpi-worker", "--sizes", ",".join(map(str, sizes)),
+                                  "--algorithms", ",".join(algorithms)] + ["--quick"] * quick)
     return _run_workers([command])
 
 
@@ -187,7 +212,8 @@ def run_gloo(p, sizes, quick):
 
 def _run_workers(commands, timeout=1800):
     """Start the commands, wait for all, return the JSON list a worker printed."""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL, env=mpiexec_env())
              for c in commands]
     results, errors = None, []
     try:
@@ -215,10 +241,12 @@ def available() -> dict:
     missing = {}
     try:
         import mpi4py  # noqa: F401
-        if mpiexec() is None:
+        if find_mpiexec() is None:
             missing["mpi"] = "mpi4py is installed but no mpiexec was found"
     except ImportError:
         missing["mpi"] = "mpi4py is not installed (pip install -e '.[mpi]')"
+    if "mpi" in missing:
+        missing["dsml-mpi"] = missing["mpi"]
     try:
         import torch.distributed as dist
         if not dist.is_available() or not dist.is_gloo_available():
@@ -261,6 +289,29 @@ def print_table(p, sizes, medians, engines, repeats):
               f"{medians['dsml'][0] / medians[e][0]:.1f}x")
 
 
+def print_algorithms_table(p, sizes, by_algorithm, mpi_medians, repeats):
+    """dsml's algorithms on engine mpi: time per all-reduce and, if MPI's Allreduce ran, how
+    many times slower than it (> 1: MPI is faster)."""
+    print(f"\n# dsml's all-reduce algorithms on engine mpi, float32 sum, {p} processes, median "
+          f"of {repeats} repeats; time per all-reduce (slowest rank)"
+          + ("; xMPI = time / MPI Allreduce's time" if mpi_medians else ""))
+    head = f"{'p':>2} {'size':>6}" + (f" {'MPI us':>10}" if mpi_medians else "")
+    widths = {a: max(9, len(a) + 3) for a in by_algorithm}
+    for algorithm in by_algorithm:
+        head += f" {algorithm + ' us':>{widths[algorithm]}}" + (f" {'xMPI':>5}" if mpi_medians
+                                                                else "")
+    print(head)
+    for i, nbytes in enumerate(sizes):
+        row = f"{p:>2} {format_bytes(nbytes):>6}"
+        if mpi_medians:
+            row += f" {mpi_medians[i] * 1e6:>10.1f}"
+        for algorithm, times in by_algorithm.items():
+            row += f" {times[i] * 1e6:>{widths[algorithm]}.1f}"
+            if mpi_medians:
+                row += f" {times[i] / mpi_medians[i]:>5.1f}"
+        print(row)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", default="2,4", help="comma-separated (default 2,4)")
@@ -270,9 +321,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="fewer iterations and repeats")
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
+                        help="dsml-mpi: the all-reduce algorithms to time (default all; the "
+                             "ring is always timed, for the first table)")
     parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
     # worker modes (started by this script)
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dsml-mpi-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gloo-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
@@ -280,10 +335,17 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    if args.mpi_worker or args.gloo_worker:
+    algorithms = ["ring"] + [a for a in args.algorithms.split(",") if a and a != "ring"]
+    unknown = [a for a in algorithms if a not in ALLREDUCE_ALGORITHMS]
+    if unknown:
+        parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+    if args.mpi_worker or args.gloo_worker or args.dsml_mpi_worker:
         sizes = [int(s) for s in args.sizes.split(",")]
         if args.mpi_worker:
             mpi_worker(sizes, args.quick)
+        elif args.dsml_mpi_worker:
+            dsml_mpi_worker(sizes, args.quick, algorithms)
         else:
             gloo_worker(args.rank, args.world, args.port, sizes, args.quick)
         return 0
@@ -305,7 +367,8 @@ def main(argv=None) -> int:
         if e in missing:
             print(f"# {e}: skipped, {missing[e]}")
     engines = [e for e in engines if e not in missing]
-    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo}
+    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo,
+               "dsml-mpi": lambda p, sizes, quick: run_dsml_mpi(p, sizes, quick, algorithms)}
     print(f"# sizes {format_bytes(sizes[0])} … {format_bytes(sizes[-1])}, world sizes {world_sizes}, "
           f"{repeats} repeats, engines alternating: {', '.join(engines)}")
     raw = {p: {e: [] for e in engines} for p in world_sizes}
@@ -317,10 +380,19 @@ def main(argv=None) -> int:
                 raw[p][e].append(runners[e](p, sizes, args.quick))
                 print(f"#   repeat {repeat + 1}/{repeats}, p={p}, {e}: "
                       f"{time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+    def median_times(runs):
+        return [statistics.median(run[i] for run in runs) for i in range(len(sizes))]
+
     for p in world_sizes:
-        medians = {e: [statistics.median(run[i] for run in raw[p][e]) for i in range(len(sizes))]
+        by_algorithm = {}
+        if "dsml-mpi" in engines:          # each of its runs: algorithm -> times per size
+            by_algorithm = {a: median_times([run[a] for run in raw[p]["dsml-mpi"]])
+                            for a in algorithms}
+        medians = {e: by_algorithm["ring"] if e == "dsml-mpi" else median_times(raw[p][e])
                    for e in engines}
         print_table(p, sizes, medians, engines, repeats)
+        if by_algorithm:
+            print_algorithms_table(p, sizes, by_algorithm, medians.get("mpi"), repeats)
     if args.raw:
         Path(args.raw).write_text(json.dumps({"sizes": sizes, "times": raw}, indent=1))
     return 0

@@ -1,22 +1,28 @@
 """Plumbing (hand-written): the `dsml` command line.
 
-    dsml pingpong [--engine processes|threads|sim] [-b 1] [-e 4M] [-f 4] [--round-trips N]
+    dsml pingpong [--engine processes|threads|sim|mpi] [-b 1] [-e 4M] [-f 4] [--round-trips N]
                   [--repeats N]
         ping-pong between two ranks over a range of sizes; prints one-way times, the
         effective bandwidth, and the α, β and n½ fitted by least squares.
 
     dsml bench <allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall>
-               [--algorithm NAME] [--engine sim|threads|processes] [--world-size P]
+               [--algorithm NAME] [--engine sim|threads|processes|mpi] [--world-size P]
                [-b 8] [-e 64M] [-f 2] [--op sum|prod|max|min] [--dtype float32|...]
                [--root R] [--iters N] [--warmup N] [--alpha S --beta S/B --gamma S/B]
                [--check/--no-check]
         times a collective over a range of sizes and prints the nccl-tests table: size,
         count, type, redop, root, time, algbw, busbw (nccl-tests' correction factors) and
         #wrong, the elements that differ from a NumPy reference.
+
+With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
+allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
+rank 0 prints.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import sys
 
@@ -399,9 +405,19 @@ def _bench_row(args, network, count: int, seed: int) -> tuple[float, int | None]
     return seconds, wrong
 
 
+def _bench_world_size(args) -> int:
+    """--world-size: 4 by default; on engine mpi the job's size, which it must equal if given."""
+    if args.engine != "mpi":
+        return 4 if args.world_size is None else args.world_size
+    from dsml.comm.mpi import check_world_size, job_size
+
+    return check_world_size(args.world_size, job_size(), "--world-size")
+
+
 def bench(args) -> int:
     """`dsml bench`: print the nccl-tests table for one collective; exit status 1 if any
     element was wrong."""
+    args.world_size = _bench_world_size(args)
     if args.algorithm is None:
         args.algorithm = default_algorithm(args.collective)
     _validate_bench(args)
@@ -461,8 +477,8 @@ def main(argv=None) -> int:
                                    "(default: the library's default)")
     bench_parser.add_argument("--engine", choices=dsml.ENGINES, default="processes",
                               help="default processes")
-    bench_parser.add_argument("-p", "--world-size", type=int, default=4,
-                              help="number of ranks (default 4)")
+    bench_parser.add_argument("-p", "--world-size", type=int, default=None,
+                              help="number of ranks (default 4; engine mpi: the job's size)")
     bench_parser.add_argument("-b", "--begin", type=parse_size, default=8,
                               help="smallest size (default 8)")
     bench_parser.add_argument("-e", "--end", type=parse_size, default=64 * 1024**2,
@@ -494,8 +510,16 @@ def main(argv=None) -> int:
                               help="real engines: seconds allowed per size (default 600)")
     args = parser.parse_args(argv)
     command = {"pingpong": pingpong, "bench": bench}[args.command]
+    rank = None
     try:
+        if getattr(args, "engine", None) == "mpi":
+            from dsml.comm.mpi import job_rank
+            rank = job_rank()
+        if rank:            # under mpiexec every process runs the command; rank 0 prints
+            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+                return command(args)
         return command(args)
     except (ValueError, RuntimeError) as error:
-        print(f"dsml: error: {error}", file=sys.stderr)
+        if not rank:        # every rank meets the same error: say it once
+            print(f"dsml: error: {error}", file=sys.stderr)
         return 2

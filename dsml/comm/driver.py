@@ -50,6 +50,7 @@ RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
 # the main program has already returned (1).
 STATUS_FIELDS = 6
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
+ANY_SOURCE = -2       # the peer of a receive from any source, in a Status record
 
 
 # What the hellos carry: a small array, so that the first user message does not pay for
@@ -100,7 +101,9 @@ class Status:
         if state == DONE:
             return f"rank {rank} finished"
         who = f"rank {rank}" if activity == 0 else f"rank {rank} activity {activity}"
-        if state == RECEIVING:
+        if state == RECEIVING and peer == ANY_SOURCE:
+            text = f"{who} waits for a message from any rank (tag {tag})"
+        elif state == RECEIVING:
             text = f"{who} waits for a message from rank {peer} (tag {tag})"
         elif state == JOINING:
             text = f"{who} waits in join for its activity {peer} to finish"
@@ -214,9 +217,10 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         elif kind is Now:
             value = start - t0           # reading the clock is not recorded (as on sim)
             continue
-        elif ADDED_REQUESTS.get(kind) in ("spawn", "join"):
-            # A second activity (week 3): from here on, the scheduler runs the rank.
-            return _drive_activities(rank, gen, request, start, transport, t0, sent,
+        elif ADDED_REQUESTS.get(kind) in ("spawn", "join", "recv_any"):
+            # A second activity (week 3) or a receive from any source (week 4): from here on,
+            # the scheduler runs the rank.
+            return _drive_activities(rank, size, gen, request, start, transport, t0, sent,
                                      received, records)
         else:
             raise _not_a_request(request)
@@ -238,10 +242,10 @@ class _Activity:
         self.request, self.start, self.value, self.done = None, 0.0, None, False
 
 
-def _drive_activities(rank, main_gen, request, start, transport, t0, sent, received,
+def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent, received,
                       records) -> Outcome:
-    """Run a rank whose program has just yielded its first Spawn (or a Join) `request` at
-    `start`: the rank's activities, cooperatively, until the main program has returned and
+    """Run a rank whose program has just yielded its first Spawn, Join or RecvAny `request`
+    at `start`: the rank's activities, cooperatively, until the main program has returned and
     no activity is left running (see the module docstring)."""
     clock = time.perf_counter
     stash = transport.early                 # (src, tag) -> payloads nobody has taken yet
@@ -249,6 +253,8 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
     running = [main]                        # activities not finished, main first
     ready = deque()                         # activities that can go on, in the order they can
     posted = {}                             # (src, tag) -> activities waiting, in posting order
+    posted_any = {}                         # tag -> activities waiting for it from any source
+    peers = set(range(size)) - {rank}
     spawned = 0
     outcome = None
 
@@ -313,6 +319,21 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
                     records.append((rank, op, start, clock(), -1, -1, nbytes, 0))
             elif kind is Now:
                 value = start - t0
+            elif ADDED_REQUESTS.get(kind) == "recv_any":
+                tag = request.tag
+                found = None
+                if not posted_any.get(tag):     # nobody asked first: the lowest source's
+                    found = min((key for key, box in stash.items() if key[1] == tag and box),
+                                default=None)
+                if found is None:
+                    activity.request, activity.start = request, start
+                    posted_any.setdefault(tag, deque()).append(activity)
+                    return
+                value = (found[0], stash[found].popleft())
+                received[found[0]] += 1
+                if records is not None:
+                    records.append((rank, "recv", start, clock(), found[0], rank,
+                                    payload_nbytes(value[1]), tag))
             elif ADDED_REQUESTS.get(kind) == "spawn":
                 spawned += 1
                 handle, gen_of_child = request.start(rank, spawned, main_returned)
@@ -346,6 +367,10 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
         elif kind is Recv:
             row = (rank, "recv", activity.start, clock(), request.src, rank,
                    payload_nbytes(activity.value), request.tag)
+        elif ADDED_REQUESTS.get(kind) == "recv_any":
+            src, payload = activity.value
+            row = (rank, "recv", activity.start, clock(), src, rank, payload_nbytes(payload),
+                   request.tag)
         else:
             row = (rank, "join", activity.start, clock(), -1, -1, 0, 0)
         records.append(row)
@@ -354,14 +379,18 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
         """A message arrived: to the first activity waiting for it, or to the stash."""
         key = (src, tag)
         queue = posted.get(key)
-        if not queue:
+        if queue:
+            activity = queue.popleft()
+            if not queue:
+                del posted[key]
+            activity.value = payload
+        elif posted_any.get(tag):               # a receive from any source (week 4)
+            activity = posted_any[tag].popleft()
+            activity.value = (src, payload)
+        else:
             transport.stash(src, tag, payload)
             return
-        activity = queue.popleft()
-        if not queue:
-            del posted[key]
         received[src] += 1
-        activity.value = payload
         ready.append(activity)
 
     def from_stash() -> None:
@@ -376,6 +405,16 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
                 ready.append(activity)
             if not queue:
                 del posted[key]
+        for tag, queue in posted_any.items():
+            while queue:
+                key = min((key for key, box in stash.items() if key[1] == tag and box),
+                          default=None)
+                if key is None:
+                    break
+                activity = queue.popleft()
+                activity.value = (key[0], stash[key].popleft())
+                received[key[0]] += 1
+                ready.append(activity)
 
     def show_waits() -> None:
         """Status, when every running activity waits: the main program's wait if it waits
@@ -389,6 +428,8 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
         request = shown.request
         if ADDED_REQUESTS.get(type(request)) == "join":
             state, peer, tag = JOINING, request.activity.number, -1
+        elif ADDED_REQUESTS.get(type(request)) == "recv_any":
+            state, peer, tag = RECEIVING, ANY_SOURCE, request.tag
         else:
             state, peer, tag = RECEIVING, request.src, request.tag
         transport.status.set_activities(rank, state, peer, tag, shown.number,
@@ -410,7 +451,8 @@ def _drive_activities(rank, main_gen, request, start, transport, t0, sent, recei
         # Nothing can go on: wait for one more message from a source that a receive waits
         # for (none, if every activity waits in join: only the run's timeout ends that).
         show_waits()
-        src, tag, payload = transport._next_any({key[0] for key in posted})
+        sources = peers if any(posted_any.values()) else {key[0] for key in posted}
+        src, tag, payload = transport._next_any(sources)
         transport.status.set(rank, RUNNING)
         deliver(src, tag, payload)
 

@@ -6,10 +6,12 @@ import numbers
 from dsml.comm.api import Comm, RunResult, start_rank
 from dsml.comm.sim_engine import simulate
 
-ENGINES = ("sim", "threads", "processes")
+# "mpi" runs inside an MPI job only (mpiexec -n P python script.py; the optional extra
+# '.[mpi]'): a loop over ENGINES in one process should skip it.
+ENGINES = ("sim", "threads", "processes", "mpi")
 
 
-def run(program, world_size: int, engine: str = "sim", network=None, args=(), kwargs=None,
+def run(program, world_size: int | None, engine: str = "sim", network=None, args=(), kwargs=None,
         trace: bool = True, timeout: float = 120.0, max_events: int | None = None) -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` ranks and return a RunResult.
 
@@ -17,9 +19,14 @@ def run(program, world_size: int, engine: str = "sim", network=None, args=(), kw
     `time` is simulated seconds. engine "threads": one thread per rank in this process;
     engine "processes": one OS process per rank. On both, `time` is measured seconds from
     a common start (after all ranks are up) to the last finish, and `timeout` (s) bounds
-    the run. `trace=False` skips recording (large runs).
+    the run. engine "mpi": every process of an MPI job calls `run`, and each runs its
+    own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or None to
+    take it; every process gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only) stops a simulation that would never end with an error.
     """
+    if engine == "mpi" and world_size is None:       # the MPI job's size
+        from dsml.comm.mpi import job_size
+        world_size = job_size()
     if not isinstance(world_size, numbers.Integral) or isinstance(world_size, bool) \
             or world_size < 1:
         raise ValueError(f"world_size must be an integer ≥ 1, got {world_size!r}")
@@ -40,5 +47,8 @@ def run(program, world_size: int, engine: str = "sim", network=None, args=(), kw
     if engine == "threads":
         from dsml.comm.threads import run_threads
         return run_threads(program, world_size, args, kwargs, trace, timeout)
+    if engine == "mpi":
+        from dsml.comm.mpi import run_mpi
+        return run_mpi(program, world_size, args, kwargs, trace, timeout)
     from dsml.comm.processes import run_processes
     return run_processes(program, world_size, args, kwargs, trace, timeout)

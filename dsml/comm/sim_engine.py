@@ -26,6 +26,11 @@ class SimEngine:
         self.mailbox = [dict() for _ in range(world_size)]
         # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
         self.posted = [dict() for _ in range(world_size)]
+        # For week 4's receive from any source: any_posted[dst][tag] -> callbacks(src, payload),
+        # and arrivals[dst][tag] -> sources in arrival order of the messages kept in the mailbox
+        # (kept only for tags a receive from any source has asked for). Empty until then.
+        self.any_posted = [dict() for _ in range(world_size)]
+        self.arrivals = [dict() for _ in range(world_size)]
         self.exchanges = [None] * world_size          # each rank's reusable Exchange
         self.gamma = getattr(network, "gamma", 0.0)    # s/B charged by comm.combine
         self.handlers = {Send: self.on_send, Recv: self.on_recv,
@@ -52,17 +57,24 @@ class SimEngine:
 @add_to_class(SimEngine)
 def deliver(self, message) -> None:
     """A message (src, dst, tag, payload) has fully arrived: hand it to a posted receive
-    or keep it in the mailbox."""
+    (one for this source first, then one from any source: week 4), or keep it in the mailbox."""
     src, dst, tag, payload = message
     key = (src, tag)
     waiting = self.posted[dst].get(key)
     if waiting:
         waiting.popleft()(payload)
         return
+    anyone = self.any_posted[dst]
+    if anyone and anyone.get(tag):
+        anyone[tag].popleft()(src, payload)
+        return
     box = self.mailbox[dst].get(key)
     if box is None:
         box = self.mailbox[dst][key] = deque()
     box.append(payload)
+    order = self.arrivals[dst]
+    if order and tag in order:
+        order[tag].append(src)
 
 
 @add_to_class(SimEngine)
