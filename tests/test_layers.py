@@ -17,6 +17,8 @@ LAYERS = {
     "dsml.collectives": 4,
     "dsml.train": 5,
     "dsml.data_parallel": 6,
+    "dsml.hogwild": 6,
+    "dsml.param_server": 6,
     "dsml.viz": 7,
     "dsml.exercises": 8,
     "dsml.cli": 9,

@@ -1,0 +1,211 @@
+"""Generated from notebooks/week4_async_and_parameter_servers.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 5
+import copy
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from dsml.data_parallel import flatten, shard_bounds, unflatten
+from dsml.train.models import loss_and_grads
+
+PUSH, REPLY = 41, 42          # tags: worker → server (a gradient or a first pull), and back
+
+
+class Update(NamedTuple):
+    """One gradient a server applied: whose, the version the worker had read, the version it
+    was applied to (staleness = their difference), and when (simulated or measured seconds)."""
+    worker: int
+    step: int
+    read_version: int
+    applied_to: int
+    time: float
+
+    @property
+    def staleness(self) -> int:
+        return self.applied_to - self.read_version
+
+
+class Read(NamedTuple):
+    """A reply a server sent a worker to start `step` with, and the slowest worker's clock
+    (steps pushed) at that moment — what the SSP bound constrains."""
+    worker: int
+    step: int
+    version: int
+    slowest_clock: int
+    time: float
+
+
+def key_ranges(n: int, servers: int) -> list:
+    """[start, stop) of each server's keys: the flat parameter vector cut as np.array_split cuts."""
+    if servers < 1:
+        raise ValueError(f"need at least one server, got {servers}")
+    return [shard_bounds(n, servers, s) for s in range(servers)]
+
+
+def check_bound(bound):
+    """The SSP staleness bound: an integer ≥ 0, or math.inf for fully asynchronous."""
+    if bound == math.inf:
+        return bound
+    if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)) or bound < 0:
+        raise ValueError(f"the staleness bound s must be an integer ≥ 0 or math.inf, got {bound!r}")
+    return int(bound)
+
+
+# -- cell 6
+def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
+          bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1):
+    """Rank program body of one parameter server, which owns `shard`, the values of keys
+    [start, stop) = `keys` of the flat parameter vector, and serves `workers` (ranks), each of which pulls once, then pushes
+    `steps` gradients, each answered with the server's current keys and version.
+
+    mode "bsp": a barrier per step — wait for every worker's gradient of a step, apply their
+    mean once, answer all. mode "ssp": apply each gradient the moment it arrives (its
+    staleness is the number of updates applied since the worker read), and answer a worker only
+    while it is at most `bound` steps ahead of the slowest: 0 keeps the workers in lock step,
+    math.inf is fully asynchronous. `staleness_aware` divides the learning rate by the
+    staleness (at least 1). Returns the log: updates, reads, snapshots (time, version, keys)."""
+    bound = check_bound(bound)
+    if mode not in ("bsp", "ssp"):
+        raise ValueError(f"unknown mode {mode!r}; choose 'bsp' or 'ssp'")
+    start, stop = keys
+    clock = dict.fromkeys(workers, 0)            # steps each worker has pushed
+    version, updates, reads, held = 0, [], [], []
+    step_grads = {}                              # bsp: step -> {worker: gradient}
+    t0 = yield comm.now()
+    snapshots = [(0.0, 0, shard.copy())]
+
+    def answer(worker, now):
+        reads.append(Read(worker, clock[worker] + 1, version, min(clock.values()), now))
+        yield comm.send(worker, (version, shard), tag=REPLY)
+
+    for _ in range(len(workers) * (steps + 1)):
+        src, (read_version, step, keys, gradient) = yield comm.recv_any(PUSH)
+        now = (yield comm.now()) - t0
+        if src not in clock:
+            raise ValueError(f"server {comm.rank}: a push from rank {src}, which is not a worker")
+        if gradient is None:                     # the first pull
+            yield from answer(src, now)
+            continue
+        if keys != (start, stop) or np.shape(gradient) != shard.shape:
+            raise ValueError(f"server {comm.rank} owns keys [{start}, {stop}); rank {src} pushed "
+                             f"{np.size(gradient)} values for keys [{keys[0]}, {keys[1]})")
+        clock[src] += 1
+        if mode == "bsp":
+            step_grads.setdefault(step, {})[src] = gradient
+            if len(step_grads[step]) < len(workers):
+                continue
+            arrived = step_grads.pop(step)
+            shard -= lr * np.mean([arrived[w] for w in workers], axis=0)
+            updates += [Update(w, step, version, version, now) for w in workers]
+            version += 1
+            snapshots.append((now, version, shard.copy()))
+            for w in workers:
+                yield from answer(w, now)
+            continue
+        staleness = version - read_version
+        shard -= (lr / max(1, staleness) if staleness_aware else lr) * gradient
+        updates.append(Update(src, step, read_version, version, now))
+        version += 1
+        if version % snapshot_every == 0:
+            snapshots.append((now, version, shard.copy()))
+        held.append(src)
+        slowest = min(clock.values())            # answer whoever the bound now lets go on
+        for worker in [w for w in held if clock[w] == steps or clock[w] - slowest <= bound]:
+            held.remove(worker)
+            yield from answer(worker, now)
+    return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop)}
+
+
+# -- cell 7
+def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per_step: float,
+         rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
+    """Rank program body of a worker: pull every server's keys, then `steps` times compute a
+    mini-batch gradient (taking `seconds_per_step`, or straggle_factor times that with
+    probability straggle_prob), push each server its keys of it, and wait for their answers.
+    Returns the mini-batch losses and the time of each step's push."""
+    vector, layout = flatten(model.params)
+    versions = [0] * len(servers)
+    for s, keys in zip(servers, ranges):
+        yield comm.send(s, (None, 0, keys, None), tag=PUSH)
+    losses, times = [], []
+    for step in range(steps + 1):
+        for i, (s, (a, b)) in enumerate(zip(servers, ranges)):
+            versions[i], vector[a:b] = yield comm.recv(s, tag=REPLY)
+        if step == steps:
+            break
+        for name, value in unflatten(vector, layout).items():
+            model.params[name][...] = value
+        chosen = rng.choice(len(X), size=batch, replace=False)
+        loss, grads = loss_and_grads(model, X[chosen], y[chosen])
+        gradient, _ = flatten(grads)
+        slow = straggle_factor if rng.random() < straggle_prob else 1.0
+        yield comm.compute(seconds_per_step * slow)
+        losses.append(loss)
+        times.append((yield comm.now()))
+        for i, (s, (a, b)) in enumerate(zip(servers, ranges)):
+            yield comm.send(s, (versions[i], step + 1, (a, b), gradient[a:b]), tag=PUSH)
+    return {"losses": losses, "times": times}
+
+
+def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
+    """Seconds-per-step multipliers of heterogeneous workers: log-normal with σ = spread,
+    scaled so the fastest is 1."""
+    speeds = np.exp(spread * np.random.default_rng(seed).standard_normal(workers))
+    return speeds / speeds.min()
+
+
+def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, batch: int = 32,
+                     mode: str = "ssp", bound=math.inf, staleness_aware: bool = False,
+                     seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
+                     straggle_factor: float = 1.0, seed: int = 0, snapshot_every: int = 1):
+    """Rank program: ranks 0 … servers−1 are parameter servers, each owning a contiguous range
+    of the flat parameter vector of `model` (key_ranges); the other ranks are workers training
+    on (X, y). See serve and work. Every rank starts from `model`'s parameters; each worker's
+    speed multiplies seconds_per_step (`speeds`, one per worker, default all 1)."""
+    bound = check_bound(bound)
+    if not 1 <= servers < comm.size:
+        raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
+    vector, _ = flatten(model.params)
+    ranges = key_ranges(vector.size, servers)
+    if comm.rank < servers:
+        a, b = ranges[comm.rank]
+        return (yield from serve(comm, vector[a:b].copy(), (a, b), list(range(servers, comm.size)),
+                                 steps, lr, mode, bound, staleness_aware, snapshot_every))
+    worker = comm.rank - servers
+    speed = 1.0 if speeds is None else float(speeds[worker])
+    return (yield from work(comm, list(range(servers)), copy.deepcopy(model), ranges, X, y,
+                            batch, steps, seconds_per_step * speed,
+                            np.random.default_rng([seed, worker]), straggle_prob, straggle_factor))
+
+
+def params_at(server_logs, t: float) -> np.ndarray:
+    """The flat parameter vector the servers held at time t: each server's last snapshot taken
+    at or before t, concatenated in key order."""
+    parts = []
+    for log in sorted(server_logs, key=lambda log: log["keys"]):
+        times = [time for time, _, _ in log["snapshots"]]
+        parts.append(log["snapshots"][max(0, np.searchsorted(times, t, side="right") - 1)][2])
+    return np.concatenate(parts)
+
+
+# -- cell 11
+from dsml.comm.api import SizeOnly
+
+
+def ps_exchange(comm, servers, nbytes):
+    """One step's communication of a parameter server: every worker pushes each server its
+    share of n bytes and gets as much back, answered as each push arrives."""
+    ranges = key_ranges(nbytes, servers)
+    if comm.rank < servers:
+        a, b = ranges[comm.rank]
+        for _ in range(comm.size - servers):
+            src, _ = yield comm.recv_any(PUSH)
+            yield comm.send(src, SizeOnly(b - a), tag=REPLY)
+        return
+    for s, (a, b) in enumerate(ranges):
+        yield comm.send(s, SizeOnly(b - a), tag=PUSH)
+    for s in range(servers):
+        yield comm.recv(s, tag=REPLY)

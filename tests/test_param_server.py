@@ -1,0 +1,240 @@
+"""Week 4's parameter server (dsml.param_server) and receive-from-any-source (comm.recv_any):
+the server's arithmetic against plain SGD, the SSP guarantee on random straggler patterns,
+staleness read from the order of events, and clear errors for bad input, on every engine."""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+import dsml
+from dsml import RankError
+from dsml.comm.api import SizeOnly
+from dsml.data_parallel import flatten, train_single
+from dsml.param_server import (PUSH, REPLY, check_bound, key_ranges, parameter_server,
+                               params_at, ps_exchange, worker_speeds)
+from dsml.sim import DeadlockError
+from dsml.train import MLP, gaussian_mixture, make_optimizer
+from leaks import nothing_left_behind  # noqa: F401
+
+NET = dsml.net.AlphaBeta(20e-6, 1e-9)
+X, Y = gaussian_mixture(200, classes=3, dim=5, seed=1)
+SIZES = [5, 8, 3]
+BATCH = 16
+
+
+def model():
+    return MLP(SIZES, seed=2)
+
+
+def batches_of(worker, steps, seed):
+    rng = np.random.default_rng([seed, worker])
+    out = []
+    for _ in range(steps):
+        out.append(rng.choice(len(X), size=BATCH, replace=False))
+        rng.random()
+    return out
+
+
+def run_ps(world, servers, engine="sim", **kwargs):
+    kwargs = {"steps": 6, "lr": 0.1, "batch": BATCH, "seed": 3, **kwargs}
+    if engine == "sim":
+        return dsml.run(parameter_server, world, network=NET, args=(servers, model(), X, Y),
+                        kwargs=kwargs)
+    return dsml.run(parameter_server, world, engine=engine, args=(servers, model(), X, Y),
+                    kwargs=kwargs, timeout=60)
+
+
+# --- the arithmetic ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_one_worker_asynchronous_is_plain_sgd_bit_for_bit(servers):
+    result = run_ps(servers + 1, servers, steps=10)
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y, batches_of(0, 10, 3))
+    assert np.array_equal(params_at(result.values[:servers], math.inf),
+                          flatten(reference.params)[0])
+
+
+@pytest.mark.parametrize("workers, servers", [(2, 1), (3, 2), (4, 3)])
+def test_synchronous_is_sgd_on_the_union_of_the_batches(workers, servers):
+    result = run_ps(servers + workers, servers, mode="bsp", steps=5)
+    picks = [batches_of(w, 5, 3) for w in range(workers)]
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y,
+                 [np.concatenate([picks[w][t] for w in range(workers)]) for t in range(5)])
+    assert np.allclose(params_at(result.values[:servers], math.inf),
+                       flatten(reference.params)[0], rtol=1e-12, atol=1e-14)
+    for log in result.values[:servers]:
+        assert all(u.staleness == 0 for u in log["updates"])
+
+
+def test_every_gradient_is_applied_once_and_staleness_is_counted_from_events():
+    workers, steps = 5, 8
+    result = run_ps(workers + 2, 2, steps=steps, seconds_per_step=1e-3,
+                    speeds=worker_speeds(workers, 0.5, seed=4))
+    for log in result.values[:2]:
+        updates = log["updates"]
+        assert len(updates) == workers * steps
+        assert sorted((u.worker, u.step) for u in updates) == \
+            [(w, t) for w in range(2, 2 + workers) for t in range(1, steps + 1)]
+        assert [u.applied_to for u in updates] == list(range(workers * steps))
+        assert all(u.staleness >= 0 for u in updates)
+        assert max(u.staleness for u in updates) > 0           # the workers overlapped
+
+
+def test_key_ranges_cut_as_array_split():
+    assert key_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    with pytest.raises(ValueError, match="at least one server"):
+        key_ranges(10, 0)
+
+
+# --- SSP: the bound holds on random straggler patterns ----------------------------------------
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("bound", [0, 1, 3, math.inf])
+def test_no_worker_reads_a_state_older_than_the_bound_allows(seed, bound):
+    rng = np.random.default_rng(seed)
+    workers, steps = int(rng.integers(2, 7)), 10
+    result = run_ps(workers + 1, 1, steps=steps, bound=bound, seconds_per_step=1e-3,
+                    speeds=worker_speeds(workers, float(rng.uniform(0.1, 1.0)), seed=seed),
+                    straggle_prob=0.2, straggle_factor=float(rng.uniform(2, 20)))
+    log = result.values[0]
+    started = [r for r in log["reads"] if r.step <= steps]
+    assert len(started) == workers * steps
+    for read in started:
+        assert read.step - 1 - read.slowest_clock <= bound, read
+    # And the updates the reader had seen: every worker's first (step − 1 − bound) gradients.
+    if bound != math.inf:
+        for read in started:
+            seen = {u for u in log["updates"] if u.applied_to < read.version}
+            for w in range(1, workers + 1):
+                assert sum(1 for u in seen if u.worker == w) >= read.step - 1 - bound
+
+
+def test_a_bound_of_zero_waits_for_stragglers_and_infinity_never_does():
+    timing = dict(seconds_per_step=1e-3, speeds=[1.0, 1.0, 5.0])
+    lock_step = run_ps(4, 1, bound=0, **timing).time
+    free = run_ps(4, 1, bound=math.inf, **timing).time
+    assert free < lock_step
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bound", [-1, 1.5, "2", True])
+def test_a_bound_that_is_not_a_non_negative_integer_or_inf_is_refused(bound):
+    with pytest.raises(ValueError, match="staleness bound s must be an integer ≥ 0"):
+        check_bound(bound)
+    with pytest.raises(RankError, match="rank 0 failed .* staleness bound s must be"):
+        run_ps(3, 1, bound=bound)
+
+
+def test_unknown_mode_and_too_many_servers_are_named():
+    with pytest.raises(RankError, match="unknown mode 'eventual'"):
+        run_ps(3, 1, mode="eventual")
+    with pytest.raises(RankError, match="need 1 ≤ servers < world size 3"):
+        run_ps(3, 3)
+
+
+def rogue(comm):
+    """Rank 1 pushes server 0 keys it does not own."""
+    if comm.rank == 0:
+        yield from parameter_server(comm, 1, model(), X, Y, steps=1, lr=0.1)
+        return
+    yield comm.send(0, (None, 0, (0, 3), None), tag=PUSH)
+    yield comm.recv(0, tag=REPLY)
+    yield comm.send(0, (0, 1, (3, 9), np.zeros(6)), tag=PUSH)
+
+
+def test_a_push_for_keys_the_server_does_not_own_is_an_error_naming_both():
+    n = flatten(model().params)[0].size
+    with pytest.raises(RankError, match=rf"server 0 owns keys \[0, {n}\); rank 1 pushed 6 "
+                                        rf"values for keys \[3, 9\)"):
+        dsml.run(rogue, 2, network=NET)
+
+
+# --- receive from any source ------------------------------------------------------------------
+
+def gather_any(comm, delays):
+    if comm.rank == 0:
+        got = []
+        for _ in range(comm.size - 1):
+            got.append((yield comm.recv_any(tag=5)))
+        return [(src, float(x[0])) for src, x in got]
+    yield comm.compute(delays[comm.rank])
+    yield comm.send(0, np.array([10.0 * comm.rank]), tag=5)
+
+
+def test_recv_any_takes_messages_in_arrival_order_on_the_simulator():
+    result = dsml.run(gather_any, 4, network=NET, args=({1: 3e-3, 2: 1e-3, 3: 2e-3},))
+    assert result.values[0] == [(2, 20.0), (3, 30.0), (1, 10.0)]
+
+
+def test_recv_any_takes_what_arrived_before_it_was_asked_in_arrival_order():
+    def late(comm):
+        if comm.rank == 0:
+            yield comm.compute(1.0)                 # everything has arrived by now
+            order = []
+            for _ in range(comm.size - 1):
+                src, _ = yield comm.recv_any(tag=1)
+                order.append(src)
+            return order
+        yield comm.compute(1e-3 * (comm.size - comm.rank))
+        yield comm.send(0, np.zeros(1), tag=1)
+    assert dsml.run(late, 4, network=NET).values[0] == [1, 2, 3]    # before any ask: lowest first
+
+
+def test_a_receive_for_the_source_is_served_before_one_from_any_source():
+    def both(comm):
+        if comm.rank == 0:
+            anyone = yield comm.spawn(one_from_anyone(comm))
+            mine = yield comm.recv(1, tag=2)
+            return float(mine[0]), (yield comm.join(anyone))
+        yield comm.compute(1e-3 * comm.rank)
+        yield comm.send(0, np.array([float(comm.rank)]), tag=2)
+
+    def one_from_anyone(comm):
+        src, x = yield comm.recv_any(tag=2)
+        return src, float(x[0])
+    assert dsml.run(both, 3, network=NET).values[0] == (1.0, (2, 2.0))
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_recv_any_on_real_engines_gets_every_message_once(engine, nothing_left_behind):
+    result = dsml.run(gather_any, 4, engine=engine, args=({1: 0, 2: 0, 3: 0},), timeout=60)
+    assert sorted(result.values[0]) == [(1, 10.0), (2, 20.0), (3, 30.0)]
+
+
+def test_a_receive_from_any_source_that_never_comes_is_named_in_the_deadlock():
+    def waits(comm):
+        if comm.rank == 0:
+            yield comm.recv_any(tag=7)
+    with pytest.raises(DeadlockError, match=r"rank 0 waits for a message from any rank \(tag 7\)"):
+        dsml.run(waits, 2, network=NET)
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_a_receive_from_any_source_that_never_comes_times_out_named(engine, nothing_left_behind):
+    def waits(comm):
+        if comm.rank == 0:
+            yield comm.recv_any(tag=7)
+    with pytest.raises(RankError, match=r"rank 0 waits for a message from any rank \(tag 7\)"):
+        dsml.run(waits, 2, engine=engine, timeout=3)
+
+
+# --- the parameter server on real processes ----------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_the_parameter_server_trains_on_real_engines(engine, nothing_left_behind):
+    result = run_ps(4, 1, engine=engine, steps=8)
+    log = result.values[0]
+    assert len(log["updates"]) == 3 * 8 and all(u.staleness >= 0 for u in log["updates"])
+    assert sorted(u.applied_to for u in log["updates"]) == list(range(24))
+
+
+def test_ps_exchange_moves_w_times_the_shard_into_each_server():
+    result = dsml.run(ps_exchange, 3 + 4, network=NET, args=(3, 1001))
+    inbound = [sum(r.nbytes for r in result.trace.of_rank(s) if r.op == "recv") for s in range(3)]
+    assert inbound == [4 * 334, 4 * 334, 4 * 333]
