@@ -459,6 +459,18 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
 
 # --- what the parent makes of the ranks' reports ------------------------------------------------
 
+def stop_children(children, conns) -> None:
+    """Kill the child processes still alive, join all of them (10 s each at most), and close
+    the connections to them: the clean-up every process-based runner ends with."""
+    for child in children:
+        if child.is_alive():
+            child.kill()
+    for child in children:
+        child.join(timeout=10)
+    for conn in conns:
+        conn.close()
+
+
 def describe_exception(error: BaseException) -> tuple[str, str]:
     """(one-line summary, traceback text) of the exception being handled."""
     return f"{type(error).__name__}: {error}", traceback.format_exc()

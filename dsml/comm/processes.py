@@ -97,7 +97,8 @@ import numpy as np
 
 from dsml.comm.api import RankError, RunResult
 from dsml.comm.driver import (MatchingTransport, Status, STATUS_FIELDS, check_all_received,
-                              describe_exception, drive, make_result, rank_failed, timed_out)
+                              describe_exception, drive, make_result, rank_failed, stop_children,
+                              timed_out)
 
 SHM_THRESHOLD = 32 * 1024   # bytes: arrays this large go through shared memory
 SHM_PREFIX = "dsml_"
@@ -827,13 +828,7 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
         _close_channels(channels)      # the children hold their own ends now
         outcomes = _collect(children, result_conns, Status(status_cells), deadline, timeout)
     finally:
-        for child in children:
-            if child.is_alive():
-                child.kill()
-        for child in children:
-            child.join(timeout=10)
-        for conn in result_conns:
-            conn.close()
+        stop_children(children, result_conns)
         _close_channels(channels)
         unlink_segments(prefix, created)
     check_all_received(outcomes)

@@ -40,7 +40,7 @@ import _posixshmem
 
 import numpy as np
 
-from dsml.comm.driver import describe_exception
+from dsml.comm.driver import describe_exception, stop_children
 from dsml.comm.processes import SHM_PREFIX, one_blas_thread
 
 __all__ = ["SharedArrays", "run_workers", "fork_context", "WorkerError", "WorkerTimeout"]
@@ -212,10 +212,4 @@ def run_workers(target: Callable, workers: int, args=(), timeout: float = 60.0,
                 next_tick = max(next_tick + every, time.monotonic())
         return values
     finally:
-        for child in children:
-            if child.is_alive():
-                child.kill()
-        for child in children:
-            child.join(timeout=10)
-        for conn in conns:
-            conn.close()
+        stop_children(children, conns)
