@@ -1,7 +1,10 @@
 """Generated from notebooks/week4_async_and_parameter_servers.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.comm.failures import PeerFailed
 
-# -- cell 5
+
+# -- cell 7
 import copy
 import math
 from typing import NamedTuple
@@ -54,7 +57,7 @@ def check_bound(bound):
     return int(bound)
 
 
-# -- cell 6
+# -- cell 8
 def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
           bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1):
     """Rank program body of one parameter server, which owns `shard`, the values of keys
@@ -66,14 +69,17 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
     staleness is the number of updates applied since the worker read), and answer a worker only
     while it is at most `bound` steps ahead of the slowest: 0 keeps the workers in lock step,
     math.inf is fully asynchronous. `staleness_aware` divides the learning rate by the
-    staleness (at least 1). Returns the log: updates, reads, snapshots (time, version, keys)."""
+    staleness (at least 1). A worker that fails (run with failures="notify") is logged and
+    dropped in "ssp" mode; in "bsp" mode, which needs every worker, it is an error.
+    Returns the log: updates, reads, snapshots (time, version, keys), failures (rank, time)."""
     bound = check_bound(bound)
     if mode not in ("bsp", "ssp"):
         raise ValueError(f"unknown mode {mode!r}; choose 'bsp' or 'ssp'")
     start, stop = keys
     clock = dict.fromkeys(workers, 0)            # steps each worker has pushed
-    version, updates, reads, held = 0, [], [], []
+    version, updates, reads, held, failures = 0, [], [], [], []
     step_grads = {}                              # bsp: step -> {worker: gradient}
+    heard = dict.fromkeys(workers, 0)            # messages from each worker so far
     t0 = yield comm.now()
     snapshots = [(0.0, 0, shard.copy())]
 
@@ -81,11 +87,32 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
         reads.append(Read(worker, clock[worker] + 1, version, min(clock.values()), now))
         yield comm.send(worker, (version, shard), tag=REPLY)
 
-    for _ in range(len(workers) * (steps + 1)):
-        src, (read_version, step, keys, gradient) = yield comm.recv_any(PUSH)
+    remaining = len(workers) * (steps + 1)
+    while remaining:
+        try:
+            src, (read_version, step, keys, gradient) = yield comm.recv_any(PUSH)
+        except PeerFailed as failure:
+            if mode == "bsp":
+                raise RuntimeError(f"server {comm.rank}: worker {failure.rank} failed; a "
+                                   f"synchronous step needs every worker's gradient, so "
+                                   f"training cannot go on ({failure})") from failure
+            failures.append((failure.rank, (yield comm.now()) - t0))
+            remaining -= steps + 1 - heard.pop(failure.rank)
+            del clock[failure.rank]
+            if failure.rank in held:
+                held.remove(failure.rank)
+            if not clock:
+                break
+            slowest = min(clock.values())        # the slowest may have been the one that died
+            for worker in [w for w in held if clock[w] == steps or clock[w] - slowest <= bound]:
+                held.remove(worker)
+                yield from answer(worker, (yield comm.now()) - t0)
+            continue
+        remaining -= 1
         now = (yield comm.now()) - t0
         if src not in clock:
             raise ValueError(f"server {comm.rank}: a push from rank {src}, which is not a worker")
+        heard[src] += 1
         if gradient is None:                     # the first pull
             yield from answer(src, now)
             continue
@@ -116,15 +143,17 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
         for worker in [w for w in held if clock[w] == steps or clock[w] - slowest <= bound]:
             held.remove(worker)
             yield from answer(worker, now)
-    return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop)}
+    return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop),
+            "failures": failures}
 
 
-# -- cell 7
+# -- cell 9
 def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per_step: float,
-         rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
+         rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0, fail_at=None):
     """Rank program body of a worker: pull every server's keys, then `steps` times compute a
     mini-batch gradient (taking `seconds_per_step`, or straggle_factor times that with
     probability straggle_prob), push each server its keys of it, and wait for their answers.
+    `fail_at`: the step at which this worker crashes (raises), to study failures.
     Returns the mini-batch losses and the time of each step's push."""
     vector, layout = flatten(model.params)
     versions = [0] * len(servers)
@@ -136,6 +165,8 @@ def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per
             versions[i], vector[a:b] = yield comm.recv(s, tag=REPLY)
         if step == steps:
             break
+        if step == fail_at:
+            raise RuntimeError(f"worker {comm.rank} crashed at step {step} (injected)")
         for name, value in unflatten(vector, layout).items():
             model.params[name][...] = value
         chosen = rng.choice(len(X), size=batch, replace=False)
@@ -160,11 +191,14 @@ def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
 def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, batch: int = 32,
                      mode: str = "ssp", bound=math.inf, staleness_aware: bool = False,
                      seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
-                     straggle_factor: float = 1.0, seed: int = 0, snapshot_every: int = 1):
+                     straggle_factor: float = 1.0, seed: int = 0, snapshot_every: int = 1,
+                     fail_at=None):
     """Rank program: ranks 0 … servers−1 are parameter servers, each owning a contiguous range
     of the flat parameter vector of `model` (key_ranges); the other ranks are workers training
     on (X, y). See serve and work. Every rank starts from `model`'s parameters; each worker's
-    speed multiplies seconds_per_step (`speeds`, one per worker, default all 1)."""
+    speed multiplies seconds_per_step (`speeds`, one per worker, default all 1).
+    `fail_at` = {worker rank: step} makes those workers crash at that step (run with
+    failures="notify" to let the others go on)."""
     bound = check_bound(bound)
     if not 1 <= servers < comm.size:
         raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
@@ -178,7 +212,8 @@ def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, bat
     speed = 1.0 if speeds is None else float(speeds[worker])
     return (yield from work(comm, list(range(servers)), copy.deepcopy(model), ranges, X, y,
                             batch, steps, seconds_per_step * speed,
-                            np.random.default_rng([seed, worker]), straggle_prob, straggle_factor))
+                            np.random.default_rng([seed, worker]), straggle_prob, straggle_factor,
+                            (fail_at or {}).get(comm.rank)))
 
 
 def params_at(server_logs, t: float) -> np.ndarray:
@@ -191,7 +226,7 @@ def params_at(server_logs, t: float) -> np.ndarray:
     return np.concatenate(parts)
 
 
-# -- cell 11
+# -- cell 15
 from dsml.comm.api import SizeOnly
 
 

@@ -44,6 +44,14 @@ def describe_wait(request: Any) -> str:
 PENDING = object()    # a handler's answer meaning "not yet: resume() will be called later"
 
 
+class Thrown:
+    """A result to raise inside the waiting generator rather than send to it."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
 class Process:
     """A generator driven by the simulator.
 
@@ -67,10 +75,14 @@ class Process:
 
     def resume(self, value: Any = None) -> None:
         """Send `value` into the generator and hand its requests to the handler, until
-        one is PENDING or the generator returns."""
+        one is PENDING or the generator returns. A `Thrown` value is raised inside the
+        generator instead (week 4: a receive from a rank that has failed)."""
         while True:
             try:
-                request = self.gen.send(value)
+                if type(value) is Thrown:
+                    request = self.gen.throw(value.error)
+                else:
+                    request = self.gen.send(value)
             except StopIteration as stop:
                 self.done = True
                 self.value = stop.value
@@ -78,7 +90,12 @@ class Process:
                 self.waiting_for = None
                 return
             except Exception as error:
-                raise ProcessFailed(self, error) from error
+                on_failure = self.sim.on_failure
+                if on_failure is None or not on_failure(self, error):
+                    raise ProcessFailed(self, error) from error
+                self.done, self.value, self.finish_time = True, error, self.sim.now
+                self.waiting_for = None
+                return
             self.waiting_for = request
             value = self.handler(self, request)
             if value is PENDING:
@@ -99,6 +116,9 @@ class Simulator:
         self._heap: list = []
         self._sequence = itertools.count()
         self.events_processed = 0
+        # on_failure(process, error) -> True if the failure is handled (the process simply
+        # ends); None: a process that raises stops the simulation (ProcessFailed).
+        self.on_failure = None
 
     def at(self, time: float, callback: Callable, argument: Any = None) -> None:
         """Run `callback(argument)` at simulated `time` (seconds, not before now)."""

@@ -238,3 +238,65 @@ def test_ps_exchange_moves_w_times_the_shard_into_each_server():
     result = dsml.run(ps_exchange, 3 + 4, network=NET, args=(3, 1001))
     inbound = [sum(r.nbytes for r in result.trace.of_rank(s) if r.op == "recv") for s in range(3)]
     assert inbound == [4 * 334, 4 * 334, 4 * 333]
+
+
+# --- a worker that dies (failures="notify") -----------------------------------------------------
+
+def test_an_asynchronous_server_outlives_a_worker_that_dies_and_reports_it():
+    result = dsml.run(parameter_server, 5, network=NET, args=(1, model(), X, Y),
+                      kwargs=dict(steps=6, lr=0.1, batch=BATCH, seed=3, seconds_per_step=1e-3,
+                                  fail_at={3: 2}), failures="notify")
+    log = result.values[0]
+    assert list(result.failed) == [3] and "crashed at step 2" in str(result.failed[3])
+    assert [rank for rank, _ in log["failures"]] == [3]
+    assert len(log["updates"]) == 3 * 6 + 2
+    assert sorted({u.worker for u in log["updates"]}) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+def test_a_bounded_server_does_not_wait_for_a_dead_slowest_worker(bound):
+    result = dsml.run(parameter_server, 4, network=NET, args=(1, model(), X, Y),
+                      kwargs=dict(steps=8, lr=0.1, batch=BATCH, seed=3, bound=bound,
+                                  seconds_per_step=1e-3, speeds=[1.0, 1.0, 4.0],
+                                  fail_at={3: 1}), failures="notify")
+    assert len(result.values[0]["updates"]) == 2 * 8 + 1
+    assert list(result.failed) == [3]
+
+
+def test_a_synchronous_server_stops_with_a_clear_error_instead_of_waiting_forever():
+    result = dsml.run(parameter_server, 4, network=NET, args=(1, model(), X, Y),
+                      kwargs=dict(steps=6, lr=0.1, batch=BATCH, seed=3, mode="bsp",
+                                  fail_at={2: 3}), failures="notify")
+    assert "server 0: worker 2 failed; a synchronous step needs every worker's gradient" in \
+        str(result.failed[0])
+    assert set(result.failed) >= {0, 2}       # the others then learn that their server failed
+
+
+def test_without_notify_a_dying_worker_fails_the_run_naming_it():
+    with pytest.raises(RankError, match=r"rank 2 failed .* crashed at step 3"):
+        run_ps(4, 1, fail_at={2: 3})
+
+
+def test_a_receive_from_a_failed_rank_raises_peer_failed_after_its_messages():
+    from dsml.comm.failures import PeerFailed
+
+    def program(comm):
+        if comm.rank == 1:
+            yield comm.send(0, np.ones(2))
+            raise ValueError("gone")
+        first = yield comm.recv(1)               # sent before the failure: still delivered
+        try:
+            yield comm.recv(1)
+        except PeerFailed as failure:
+            return float(first.sum()), failure.rank, str(failure)
+    result = dsml.run(program, 2, network=NET, failures="notify")
+    assert result.values[0] == (2.0, 1, "rank 1 failed: ValueError: gone")
+    assert isinstance(result.failed[1], ValueError)
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_notify_is_refused_on_real_engines_with_a_clear_error(engine):
+    with pytest.raises(ValueError, match="failures='notify' runs on engine='sim' only"):
+        dsml.run(gather_any, 2, engine=engine, args=({1: 0},), failures="notify")
+    with pytest.raises(ValueError, match="failures must be 'stop' or 'notify'"):
+        dsml.run(gather_any, 2, network=NET, args=({1: 0},), failures="ignore")

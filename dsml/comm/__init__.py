@@ -6,5 +6,7 @@ from dsml.comm.run import ENGINES, run
 from dsml.comm.activities import Activity
 # Week 4 adds a receive from any source (comm.recv_any), registered the same way.
 from dsml.comm import any_source  # noqa: F401
+# … and failure notices for failures="notify" (dsml.comm.failures).
+from dsml.comm import failures  # noqa: F401
 
 __all__ = ["Activity", "Comm", "RankError", "RunResult", "SizeOnly", "run", "ENGINES"]

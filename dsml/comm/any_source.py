@@ -6,7 +6,7 @@ from collections import deque
 
 from dsml.comm.api import ADDED_REQUESTS, Comm, Request, payload_nbytes
 from dsml.comm.sim_engine import SimEngine
-from dsml.sim import PENDING
+from dsml.sim import PENDING, Thrown
 from dsml.utils import add_to_class
 
 
@@ -31,6 +31,11 @@ def recv_any(self, tag: int = 0) -> RecvAny:
 @add_to_class(SimEngine)
 def on_recv_any(self, process, req):
     rank, tag, start = process.pid, req.tag, self.sim.now
+    unnotified = self.__dict__.get("unnotified")
+    if unnotified and unnotified[rank]:          # a peer failed: say so once (failures.py)
+        self.sim.at(start, process.resume, self.failed[min(unnotified[rank])])
+        unnotified[rank].discard(min(unnotified[rank]))
+        return PENDING
     mailbox = self.mailbox[rank]
     order = self.arrivals[rank].get(tag)
     if order is None:        # the first ask for this tag: what came before, lowest source first
@@ -44,7 +49,10 @@ def on_recv_any(self, process, req):
             self.record(rank, "recv", start, src, rank, payload_nbytes(payload), tag)
             return src, payload
 
-    def arrived(src, payload):
+    def arrived(src, payload=None):
+        if isinstance(src, Thrown):              # called with a failure notice instead
+            process.resume(src)
+            return
         self.record(rank, "recv", start, src, rank, payload_nbytes(payload), tag)
         process.resume((src, payload))
     self.any_posted[rank].setdefault(tag, deque()).append(arrived)

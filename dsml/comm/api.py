@@ -283,3 +283,4 @@ class RunResult:
     engine: str
     world_size: int
     finish_times: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)    # rank -> its exception (failures="notify")

@@ -12,7 +12,8 @@ ENGINES = ("sim", "threads", "processes", "mpi")
 
 
 def run(program, world_size: int | None, engine: str = "sim", network=None, args=(), kwargs=None,
-        trace: bool = True, timeout: float = 120.0, max_events: int | None = None) -> RunResult:
+        trace: bool = True, timeout: float = 120.0, max_events: int | None = None,
+        failures: str = "stop") -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` ranks and return a RunResult.
 
     engine "sim": the discrete-event simulator over `network` (e.g. dsml.net.AlphaBeta);
@@ -23,7 +24,15 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or None to
     take it; every process gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only) stops a simulation that would never end with an error.
+    `failures`: "stop" (a rank that raises fails the run, naming the rank) or, on the
+    simulator, "notify" (week 4: the rank ends, and its peers' receives from it raise
+    dsml.comm.failures.PeerFailed; `RunResult.failed` maps each failed rank to its error).
     """
+    if failures not in ("stop", "notify"):
+        raise ValueError(f"failures must be 'stop' or 'notify', got {failures!r}")
+    if failures == "notify" and engine != "sim":
+        raise ValueError(f"failures='notify' runs on engine='sim' only so far; on {engine!r} a "
+                         f"rank that raises fails the run (failures='stop')")
     if engine == "mpi" and world_size is None:       # the MPI job's size
         from dsml.comm.mpi import job_size
         world_size = job_size()
@@ -40,7 +49,7 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
         if network is None:
             raise ValueError("engine='sim' needs a network model, e.g. "
                              "network=dsml.net.AlphaBeta(alpha=5e-6, beta=1e-9)")
-        return simulate(program, world_size, network, args, kwargs, trace, max_events)
+        return simulate(program, world_size, network, args, kwargs, trace, max_events, failures)
     if network is not None:
         raise ValueError(f"engine={engine!r} measures a real network; network= is only "
                          f"for engine='sim'")

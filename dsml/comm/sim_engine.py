@@ -2,7 +2,7 @@
 
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, request_choices, snapshot, start_rank
-from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Trace
+from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Thrown, Trace
 
 
 # -- cell 38
@@ -15,9 +15,17 @@ class SimEngine:
     """Runs rank programs on the discrete-event simulator over a network model."""
 
 
-    def __init__(self, world_size: int, network, trace: bool = True):
+    def __init__(self, world_size: int, network, trace: bool = True, failures: str = "stop"):
         self.world_size = world_size
         self.sim = Simulator()
+        # failures="stop": a rank that raises stops the run. "notify" (week 4): it ends that
+        # rank only, and its peers learn of it through the comm API (dsml.comm.failures);
+        # failed[rank] is then the notice a receive from it raises.
+        if failures not in ("stop", "notify"):
+            raise ValueError(f"failures must be 'stop' or 'notify', got {failures!r}")
+        self.failed = {}
+        if failures == "notify":
+            self.sim.on_failure = self.on_rank_failure
         self.network = network
         network.attach(self.sim, world_size)
         self.trace = Trace() if trace else None
@@ -79,12 +87,16 @@ def deliver(self, message) -> None:
 
 @add_to_class(SimEngine)
 def receive(self, rank, src, tag, on_message) -> None:
-    """Call on_message(payload) when the next (src, tag) message is at rank."""
+    """Call on_message(payload) when the next (src, tag) message is at rank (or the notice
+    that src has failed, week 4, once nothing from it is left)."""
     key = (src, tag)
     box = self.mailbox[rank].get(key)
     if box:
         # Already here: complete now, through the event queue (no deep recursion).
         self.sim.at(self.sim.now, on_message, box.popleft())
+        return
+    if self.failed and src in self.failed:
+        self.sim.at(self.sim.now, on_message, self.failed[src])
         return
     waiting = self.posted[rank].get(key)
     if waiting is None:
@@ -115,7 +127,8 @@ def on_recv(self, process, req):
         return payload
 
     def arrived(payload):
-        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
+        if type(payload) is not Thrown:     # (a notice that the peer failed: week 4)
+            self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
         process.resume(payload)
     self.receive(rank, req.src, req.tag, arrived)
     return PENDING
@@ -184,6 +197,8 @@ def on_sendrecv(self, process, req):
         # Already here: count the receive as done now. The send cannot have finished yet
         # (a transmission always ends in a later event), so this cannot resume the rank.
         exchange.on_received(box.popleft())
+    elif self.failed and req.src in self.failed:
+        exchange.on_received(self.failed[req.src])     # raised when the exchange completes
     else:
         waiting = self.posted[rank].get(key)
         if waiting is None:
@@ -263,7 +278,8 @@ def run(self, program, args=(), kwargs=None, max_events=None) -> RunResult:
     finish = [p.finish_time for p in processes]
     return RunResult(values=[p.value for p in processes], time=max(finish),
                      trace=self.trace, engine="sim", world_size=self.world_size,
-                     finish_times=finish)
+                     finish_times=finish,
+                     failed={rank: notice.error.__cause__ for rank, notice in self.failed.items()})
 
 
 @add_to_class(SimEngine)
@@ -275,8 +291,9 @@ def unreceived(self) -> list:
 
 @add_to_class(SimEngine)
 def check_all_received(self) -> None:
-    """Every rank finished: a message still in a mailbox was sent but never received."""
-    left = self.unreceived()
+    """Every rank finished: a message still in a mailbox was sent but never received (to or
+    from a rank that failed, week 4, it was orphaned by the failure: not an error)."""
+    left = [m for m in self.unreceived() if m[0] not in self.failed and m[1] not in self.failed]
     if left:
         raise RankError(left[0][1], "finished without receiving messages sent to it "
                         "(mismatched peers or tags?):\n  " + describe_messages(left))
@@ -288,7 +305,8 @@ def describe_messages(messages) -> str:
 
 
 def simulate(program, world_size: int, network, args=(), kwargs=None,
-             trace: bool = True, max_events: int | None = None) -> RunResult:
+             trace: bool = True, max_events: int | None = None,
+             failures: str = "stop") -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`
-    (at most `max_events` events if given)."""
-    return SimEngine(world_size, network, trace).run(program, args, kwargs, max_events)
+    (at most `max_events` events if given; `failures`: see SimEngine)."""
+    return SimEngine(world_size, network, trace, failures).run(program, args, kwargs, max_events)
