@@ -8,11 +8,23 @@
     dsml bench <allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall>
                [--algorithm NAME] [--engine sim|threads|processes|mpi] [--world-size P]
                [-b 8] [-e 64M] [-f 2] [--op sum|prod|max|min] [--dtype float32|...]
-               [--root R] [--iters N] [--warmup N] [--alpha S --beta S/B --gamma S/B]
+               [--root R] [--iters N] [--warmup N] [--alpha S --beta S/B --gamma S/B |
+               --network FILE]
                [--check/--no-check]
         times a collective over a range of sizes and prints the nccl-tests table: size,
         count, type, redop, root, time, algbw, busbw (nccl-tests' correction factors) and
         #wrong, the elements that differ from a NumPy reference.
+
+    dsml calibrate [--engine processes|threads|mpi] [-o dsml-network.json] [-b 1] [-e 4M]
+                   [-f 4] [--round-trips N] [--repeats N]
+        the ping-pong of `dsml pingpong` plus γ (np.add per byte); writes α, β, γ and how they
+        were measured to a JSON file that dsml.net.load_network(path) loads for the simulator.
+
+    dsml validate [--engine processes|threads|mpi] [--network FILE] [-p 2 4]
+                  [--algorithm NAME ...] [-b 1K] [-e 4M] [-f 16] [--repeats N]
+        runs each all-reduce algorithm for real over the sizes and world sizes, predicts each
+        run on the simulator with the calibrated network (calibrating first without
+        --network), and prints size, algorithm, measured, predicted and error %.
 
 With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
 allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
@@ -53,34 +65,138 @@ def size_range(begin: int, end: int, factor: int) -> list[int]:
     return sizes
 
 
-def pingpong(args) -> int:
-    import dsml
-    from dsml.comm.calibrate import ping_pong
-    from dsml.net.fit import fit_alpha_beta, half_performance_size
+def _one_way_table(args, network):
+    """The ping-pong of `dsml pingpong` and `dsml calibrate`: print one row per size as it is
+    measured; return (sizes, one-way times, the calibrated AlphaBeta with this machine's γ)."""
+    from dsml.comm.calibrate import calibrate
 
-    network = dsml.net.AlphaBeta(args.alpha, args.beta) if args.engine == "sim" else None
     sizes = size_range(args.begin, args.end, args.factor)
-    print(f"# ping-pong, 2 ranks, engine {args.engine}, {args.round_trips} round trips per run, "
-          f"median of {args.repeats} runs")
+    print(f"# ping-pong, 2 ranks, engine {args.engine}, {args.round_trips} round trips per run "
+          f"(at most 3 above 64 KiB), median of {args.repeats} runs")
     print(f"{'size (B)':>12} {'one-way (us)':>14} {'bandwidth (MB/s)':>18}")
-    times = []
-    for n in sizes:
-        runs = []
-        for _ in range(args.repeats):
-            # Each rank times its own round trips after a warm-up one (week 2's ping_pong).
-            result = dsml.run(ping_pong, 2, engine=args.engine, network=network,
-                              args=(n, args.round_trips))
-            runs.append(max(result.values))
-        t = float(np.median(runs))
-        times.append(t)
-        print(f"{n:>12d} {t * 1e6:>14.2f} {n / t / 1e6:>18.2f}")
-    alpha, beta = fit_alpha_beta(sizes, times)
+
+    def report(nbytes, seconds):
+        print(f"{nbytes:>12d} {seconds * 1e6:>14.2f} {nbytes / seconds / 1e6:>18.2f}", flush=True)
+
+    measured, times = calibrate(args.engine, sizes, args.round_trips, args.repeats,
+                                network=network, report=report)
+    return sizes, times, measured
+
+
+def _print_fit(alpha: float, beta: float) -> None:
+    from dsml.net.fit import half_performance_size
+
     if beta > 0:
         shape = (f"(peak {1 / beta / 1e9:.3f} GB/s), "
                  f"n_half = {half_performance_size(alpha, beta):.0f} B")
     else:   # the fit holds β at 0 when noise would make it negative: no finite peak
         shape = "(no size dependence resolved: widen the size range or add repeats)"
     print(f"# fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B {shape}")
+
+
+def pingpong(args) -> int:
+    import dsml
+    from dsml.net.fit import fit_alpha_beta
+
+    network = dsml.net.AlphaBeta(args.alpha, args.beta) if args.engine == "sim" else None
+    sizes, times, _ = _one_way_table(args, network)
+    _print_fit(*fit_alpha_beta(sizes, times))
+    return 0
+
+
+def calibrate(args) -> int:
+    """`dsml calibrate`: measure α and β (ping-pong, least squares) and γ (np.add) on this
+    machine and write them where the simulator can load them (dsml.net.load_network)."""
+    import datetime
+    import platform
+
+    from dsml.net.saved import save_network
+
+    if args.engine == "sim":
+        raise ValueError("--engine sim is a model already: calibrate a real engine "
+                         "(processes, threads or mpi)")
+    sizes, times, measured = _one_way_table(args, None)
+    _print_fit(measured.alpha, measured.beta)
+    print(f"# gamma (np.add, float64, 16 MiB) = {measured.gamma * 1e9:.4f} ns/B")
+    if measured.beta == 0:
+        raise ValueError("the fit resolved no size dependence (beta = 0); nothing written: "
+                         "widen the size range (-e) or add --repeats")
+    if args.engine == "mpi":
+        from dsml.comm.mpi import job_rank
+        if job_rank() != 0:           # every process measured; rank 0 alone writes the file
+            return 0
+    record = {"engine": args.engine, "host": platform.node(), "platform": platform.platform(),
+              "python": platform.python_version(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "round_trips": args.round_trips, "repeats": args.repeats, "sizes": sizes,
+              "one_way_seconds": times, "gamma_from": "np.add of two float64 16 MiB vectors"}
+    path = save_network(measured, args.output, record)
+    print(f"# wrote {path}: {measured}")
+    print(f"# load it with dsml.net.load_network({str(path)!r}), or pass --network {path} to "
+          f"dsml bench --engine sim and dsml validate")
+    return 0
+
+
+def _validation_world_sizes(args) -> list[int]:
+    if args.engine != "mpi":
+        sizes = args.world_sizes or [2, 4]
+    else:
+        from dsml.comm.mpi import check_world_size, job_size
+        given = args.world_sizes or [None]
+        if len(given) != 1:
+            raise ValueError("--engine mpi runs at the job's size: give one --world-sizes "
+                             "value (or none) and launch with mpiexec -n P")
+        sizes = [check_world_size(given[0], job_size(), "--world-sizes")]
+    if any(p < 2 for p in sizes):
+        raise ValueError(f"--world-sizes must be ≥ 2, got {sizes}")
+    return sizes
+
+
+def validate(args) -> int:
+    """`dsml validate`: every all-reduce algorithm for real against the simulator's prediction
+    with a calibrated network; the table of errors."""
+    from dsml.collectives import ALLREDUCE_ALGORITHMS
+    from dsml.collectives.validate import validate as run_validation
+    from dsml.comm.calibrate import calibrate as measure_network
+    from dsml.net.saved import load_network
+
+    if args.engine == "sim":
+        raise ValueError("--engine sim would hold the model against itself: validate a real "
+                         "engine (processes, threads or mpi)")
+    world_sizes = _validation_world_sizes(args)
+    algorithms = args.algorithm or list(ALLREDUCE_ALGORITHMS)
+    for name in algorithms:
+        if name not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"unknown allreduce algorithm {name!r}; choose one of "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS)}")
+    sizes = size_range(args.begin, args.end, args.factor)
+    if args.network:
+        network, source = load_network(args.network), f"loaded from {args.network}"
+    else:
+        if args.engine == "mpi" and world_sizes != [2]:
+            raise ValueError("calibrating needs a 2-rank job: run `mpiexec -n 2 dsml calibrate "
+                             "--engine mpi -o net.json` first, then pass --network net.json")
+        network, _ = measure_network(args.engine, repeats=args.repeats)
+        source = f"calibrated now on {args.engine} (ping-pong 1 B … 4 MiB, np.add)"
+    print(f"# dsml validate: all-reduce on engine {args.engine}, world sizes "
+          f"{', '.join(map(str, world_sizes))}; median of {args.repeats} runs of the slowest rank")
+    print(f"# model: {network}, {source}")
+    print("# predicted: the simulator running the same algorithm over that model; "
+          "error = predicted / measured - 1 (negative: the model is optimistic)")
+    print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (us)':>14} "
+          f"{'predicted (us)':>15} {'error':>8}")
+
+    def report(row):
+        print(f"{row.world_size:>4} {row.algorithm:>19} {row.nbytes:>10} "
+              f"{row.measured * 1e6:>14.1f} {row.predicted * 1e6:>15.1f} "
+              f"{100 * row.error:>+7.0f}%", flush=True)
+
+    rows = run_validation(network, args.engine, algorithms, sizes, world_sizes, args.repeats,
+                          report=report)
+    for p in world_sizes:
+        errors = [abs(row.error) for row in rows if row.world_size == p]
+        print(f"# p = {p}: median |error| {100 * float(np.median(errors)):.0f}%, "
+              f"largest {100 * max(errors):.0f}%")
     return 0
 
 
@@ -309,6 +425,14 @@ def _bench_network(args):
     import dsml
 
     given = (args.alpha, args.beta, args.gamma)
+    if args.network is not None:
+        if args.engine != "sim":
+            raise ValueError(f"--network is a model for --engine sim; {args.engine} measures "
+                             f"the real one")
+        if any(value is not None for value in given):
+            raise ValueError("give either --network or --alpha/--beta/--gamma, not both")
+        from dsml.net.saved import load_network
+        return load_network(args.network)
     if args.engine == "sim":
         alpha, beta, gamma = (default if value is None else value
                               for value, default in zip(given, (5e-6, 1e-10, 0.0)))
@@ -457,6 +581,34 @@ def main(argv=None) -> int:
     pp.add_argument("--repeats", type=int, default=3)
     pp.add_argument("--alpha", type=float, default=5e-6, help="engine sim: latency (s)")
     pp.add_argument("--beta", type=float, default=1e-10, help="engine sim: time per byte (s/B)")
+    cal = commands.add_parser("calibrate", help="measure α, β, γ of this machine and write "
+                                                "them as a network file for the simulator")
+    cal.add_argument("--engine", choices=dsml.ENGINES,
+                     default="processes", help="default processes")
+    cal.add_argument("-o", "--output", default="dsml-network.json",
+                     help="where to write the network file (default dsml-network.json)")
+    cal.add_argument("-b", "--begin", type=parse_size, default=1, help="smallest size (default 1)")
+    cal.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
+                     help="largest size (default 4M)")
+    cal.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (default 4)")
+    cal.add_argument("--round-trips", type=int, default=10)
+    cal.add_argument("--repeats", type=int, default=3)
+    val = commands.add_parser("validate", help="run every all-reduce algorithm for real and "
+                                               "hold it against the simulator's prediction")
+    val.add_argument("--engine", choices=dsml.ENGINES,
+                     default="processes", help="default processes")
+    val.add_argument("--network", default=None,
+                     help="a network file from dsml calibrate (default: calibrate first)")
+    val.add_argument("-p", "--world-sizes", type=int, nargs="+", default=None,
+                     help="world sizes (default 2 4; engine mpi: the job's size)")
+    val.add_argument("--algorithm", nargs="+", default=None,
+                     help="all-reduce algorithms (default: all of them)")
+    val.add_argument("-b", "--begin", type=parse_size, default=1024,
+                     help="smallest size (default 1K)")
+    val.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
+                     help="largest size (default 4M)")
+    val.add_argument("-f", "--factor", type=int, default=16, help="size multiplier (default 16)")
+    val.add_argument("--repeats", type=int, default=3, help="runs per point (median; default 3)")
     bench_parser = commands.add_parser(
         "bench", help="time a collective over a range of sizes (the nccl-tests table)")
     bench_parser.add_argument("collective", choices=BENCH_COLLECTIVES)
@@ -492,12 +644,16 @@ def main(argv=None) -> int:
                               help="engine sim: time per byte (s/B, default 1e-10)")
     bench_parser.add_argument("--gamma", type=float, default=None,
                               help="engine sim: reduction time per byte (s/B, default 0)")
+    bench_parser.add_argument("--network", default=None,
+                              help="engine sim: a network file from dsml calibrate (instead of "
+                                   "--alpha, --beta, --gamma)")
     bench_parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                               help="count wrong elements against NumPy (default on)")
     bench_parser.add_argument("--timeout", type=float, default=600.0,
                               help="real engines: seconds allowed per size (default 600)")
     args = parser.parse_args(argv)
-    command = {"pingpong": pingpong, "bench": bench}[args.command]
+    command = {"pingpong": pingpong, "calibrate": calibrate, "validate": validate,
+               "bench": bench}[args.command]
     rank = None
     try:
         if getattr(args, "engine", None) == "mpi":

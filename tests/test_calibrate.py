@@ -1,13 +1,20 @@
-"""dsml.comm.calibrate: the timed ping-pong measures α + nβ exactly on the simulator, `measure`
-takes the slowest rank and the chosen statistic over runs, and γ is a positive time per byte."""
+"""Calibration and validation: the timed ping-pong measures α + nβ exactly on the simulator,
+`measure` takes the slowest rank and the chosen statistic over runs, γ is a positive time per
+byte; `calibrate` fits them, the network file round-trips and names what is wrong with a bad
+one; `validate` runs every all-reduce for real beside the simulator's prediction; and the
+`dsml calibrate`, `dsml validate` and `dsml bench --network` commands."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dsml.comm.calibrate import measure, ping_pong, reduction_seconds_per_byte
+from dsml import cli
+from dsml.collectives import ALLREDUCE_ALGORITHMS, cost
+from dsml.collectives.validate import predicted_allreduce, validate
+from dsml.comm.calibrate import calibrate, measure, ping_pong, reduction_seconds_per_byte
 from dsml.comm.run import run
 from dsml.net.alphabeta import AlphaBeta
+from dsml.net.saved import load_measurement, load_network, save_network
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4096, 1 << 20])
@@ -33,3 +40,148 @@ def test_ping_pong_runs_on_real_processes():
 def test_reduction_time_per_byte_is_positive():
     gamma = reduction_seconds_per_byte(1 << 16, repeats=2)
     assert 0 < gamma < 1e-6 and np.isfinite(gamma)
+
+
+# --- calibrate: the ping-pong fitted, γ measured, the result saved and loaded ---------------------
+
+def test_calibrate_on_the_simulator_recovers_alpha_and_beta():
+    network, times = calibrate("sim", sizes=[1, 1024, 1 << 20], round_trips=2, repeats=1,
+                               network=AlphaBeta(4e-6, 3e-10))
+    assert times == [pytest.approx(4e-6 + n * 3e-10, rel=1e-12) for n in (1, 1024, 1 << 20)]
+    assert network.alpha == pytest.approx(4e-6, rel=1e-9)
+    assert network.beta == pytest.approx(3e-10, rel=1e-9)
+    assert 0 < network.gamma < 1e-6          # this machine's np.add, whatever the engine
+
+
+def test_calibrate_reports_each_size_as_it_goes():
+    seen = []
+    calibrate("sim", sizes=[8, 64], round_trips=1, repeats=1, network=AlphaBeta(1e-6, 1e-9),
+              report=lambda n, t: seen.append((n, t)))
+    assert [n for n, _ in seen] == [8, 64] and all(t > 0 for _, t in seen)
+
+
+def test_a_saved_network_loads_back_with_its_measurement(tmp_path):
+    path = save_network(AlphaBeta(1.5e-5, 4e-10, 7e-11), tmp_path / "net.json",
+                        {"engine": "processes", "sizes": [1, 2]})
+    loaded = load_network(path)
+    assert (loaded.alpha, loaded.beta, loaded.gamma) == (1.5e-5, 4e-10, 7e-11)
+    assert load_measurement(path) == {"engine": "processes", "sizes": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["net.json"]     # no temporary left
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "no network file at"),
+    ("{not json", "not JSON"),
+    ('{"alpha": 1}', "expected \"format\""),
+    ('{"format": "dsml-network/1", "model": "Topology"}', "unknown network model 'Topology'"),
+    ('{"format": "dsml-network/1", "model": "AlphaBeta", "alpha": 1e-6, "beta": "fast"}',
+     "beta, gamma missing or not a number"),
+    ('{"format": "dsml-network/1", "model": "AlphaBeta", "alpha": -1e-6, "beta": 1e-9, '
+     '"gamma": 0}', "alpha must be a finite number ≥ 0, got -1e-06"),
+])
+def test_a_bad_network_file_is_named_with_what_is_wrong(tmp_path, content, words):
+    path = tmp_path / "net.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match="net.json") as error:
+        load_network(path)
+    assert words in str(error.value)
+
+
+def test_saving_into_a_missing_directory_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        save_network(AlphaBeta(1e-6, 1e-9), tmp_path / "nowhere" / "net.json")
+
+
+# --- validate: real runs against the simulator's prediction ----------------------------------
+
+def test_the_prediction_is_the_simulated_time_which_equals_the_formula_here():
+    net = AlphaBeta(2e-6, 1e-9, 5e-10)
+    for p, algorithm in [(2, "ring"), (4, "ring"), (4, "recursive_doubling"),
+                         (8, "halving_doubling")]:
+        assert predicted_allreduce(p, 8 * 1024, net, algorithm) == pytest.approx(
+            cost("allreduce", algorithm, p, 8 * 1024, net.alpha, net.beta, net.gamma),
+            rel=1e-12)
+
+
+def test_validate_runs_every_algorithm_for_real_and_predicts_each():
+    net = AlphaBeta(1e-5, 1e-9, 1e-10)
+    rows = validate(net, engine="threads", sizes=(64, 4096), world_sizes=(2, 3), repeats=1)
+    assert [(r.world_size, r.algorithm, r.nbytes) for r in rows] == [
+        (p, a, n) for p in (2, 3) for a in ALLREDUCE_ALGORITHMS for n in (64, 4096)]
+    for r in rows:
+        assert r.measured > 0
+        assert r.predicted == predicted_allreduce(r.world_size, r.nbytes, net, r.algorithm)
+        assert r.error == pytest.approx(r.predicted / r.measured - 1)
+
+
+def test_validate_refuses_sizes_that_are_not_whole_float64_vectors():
+    with pytest.raises(ValueError, match="multiples of 8 bytes"):
+        validate(AlphaBeta(1e-6, 1e-9), engine="threads", sizes=(12,), world_sizes=(2,))
+
+
+# --- the command line ----------------------------------------------------------------------
+
+def test_dsml_calibrate_writes_a_file_the_simulator_loads(tmp_path, capsys):
+    path = tmp_path / "net.json"
+    # 16 MiB copies take milliseconds, far above the noise of small messages, so β > 0
+    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "16M", "-f",
+                     "16", "--repeats", "1", "--round-trips", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"# wrote {path}" in out
+    record = load_measurement(path)
+    assert record["engine"] == "threads"
+    assert record["sizes"] == [1, 16, 256, 4096, 65536, 1 << 20, 1 << 24]
+    assert len(record["one_way_seconds"]) == 7
+    assert load_network(path).alpha > 0
+
+
+def test_dsml_calibrate_writes_nothing_when_the_fit_finds_no_bandwidth(tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.setattr("dsml.comm.calibrate.fit_alpha_beta", lambda sizes, times: (4e-5, 0.0))
+    path = tmp_path / "net.json"
+    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "64",
+                     "--repeats", "1", "--round-trips", "1"]) == 2
+    assert "nothing written" in capsys.readouterr().err and not path.exists()
+
+
+def test_dsml_calibrate_refuses_the_simulator(capsys):
+    assert cli.main(["calibrate", "--engine", "sim"]) == 2
+    assert "model already" in capsys.readouterr().err
+
+
+def test_dsml_validate_prints_one_row_per_run(tmp_path, capsys):
+    path = save_network(AlphaBeta(1e-5, 1e-9, 1e-10), tmp_path / "net.json")
+    assert cli.main(["validate", "--engine", "threads", "--network", str(path), "-p", "2", "3",
+                     "--algorithm", "ring", "-b", "1K", "-e", "16K", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    assert [(row[0], row[1], row[2]) for row in rows] == [
+        ("2", "ring", "1024"), ("2", "ring", "16384"), ("3", "ring", "1024"),
+        ("3", "ring", "16384")]
+    for row in rows:
+        predicted = predicted_allreduce(int(row[0]), int(row[2]), load_network(path), "ring")
+        assert float(row[4]) == pytest.approx(predicted * 1e6, abs=0.06)
+    assert "# p = 2: median |error|" in out and "# p = 3: median |error|" in out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--engine", "sim"], "hold the model against itself"),
+    (["--algorithm", "ring", "butterfly"], "unknown allreduce algorithm 'butterfly'"),
+    (["-p", "1"], "--world-sizes must be ≥ 2"),
+    (["--network", "/nonexistent/net.json"], "no network file at /nonexistent/net.json"),
+])
+def test_dsml_validate_bad_input_is_named(capsys, argv, words):
+    assert cli.main(["validate"] + argv) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_bench_on_the_simulator_takes_a_network_file(tmp_path, capsys):
+    path = save_network(AlphaBeta(3e-6, 2e-10, 1e-10), tmp_path / "net.json")
+    common = ["bench", "allreduce", "--engine", "sim", "-b", "8", "-e", "4K", "-f", "8"]
+    assert cli.main(common + ["--network", str(path)]) == 0
+    from_file = capsys.readouterr().out
+    assert cli.main(common + ["--alpha", "3e-6", "--beta", "2e-10", "--gamma", "1e-10"]) == 0
+    assert capsys.readouterr().out == from_file
+    assert cli.main(common + ["--network", str(path), "--alpha", "1e-6"]) == 2
+    assert "not both" in capsys.readouterr().err

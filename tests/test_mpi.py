@@ -27,6 +27,7 @@ import pytest
 
 import dsml
 from dsml.cli import main as cli_main
+from dsml.net.saved import load_measurement, load_network
 from dsml.comm import mpi
 from leaks import nothing_left_behind  # noqa: F401
 
@@ -179,6 +180,36 @@ def test_bench_with_a_world_size_the_job_does_not_have_says_so_once():
     assert job.stderr.count("dsml: error: --world-size=3 does not match this MPI job's 2 "
                             "processes: launch it with `mpiexec -n 3") == 1, job.stderr
     assert job.stdout == ""
+
+
+@needs_mpiexec
+def test_calibrate_then_validate_under_mpiexec(tmp_path):
+    """Calibrate MPI's transport in a 2-process job (rank 0 alone writes the file), then
+    validate two algorithms with it in a 4-process job: one table, every row a prediction."""
+    path = tmp_path / "mpi-network.json"
+    job = launch_cli(2, "calibrate", "--engine", "mpi", "-o", str(path), "-e", "64K",
+                     "--repeats", "1", "--round-trips", "2")
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.count("# wrote ") == 1, job.stdout
+    assert load_measurement(path)["engine"] == "mpi"
+    network = load_network(path)
+    assert network.alpha > 0 and network.beta > 0 and network.gamma > 0
+    job = launch_cli(4, "validate", "--engine", "mpi", "--network", str(path), "--algorithm",
+                     "ring", "tree", "-b", "1K", "-e", "16K", "--repeats", "1")
+    assert job.returncode == 0, job.stderr
+    rows = [line.split() for line in job.stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert [(row[0], row[1], row[2]) for row in rows] == [
+        ("4", "ring", "1024"), ("4", "ring", "16384"), ("4", "tree", "1024"),
+        ("4", "tree", "16384")], job.stdout
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
+
+
+@needs_mpiexec
+def test_validate_under_mpiexec_without_a_network_needs_a_two_rank_job():
+    job = launch_cli(4, "validate", "--engine", "mpi", "-e", "1K")
+    assert job.returncode == 2
+    assert job.stderr.count("calibrating needs a 2-rank job") == 1, job.stderr
 
 
 # --- bad input, in this process ------------------------------------------------------------------

@@ -7,6 +7,8 @@ import time
 import numpy as np
 
 from dsml.comm.run import run
+from dsml.net.alphabeta import AlphaBeta
+from dsml.net.fit import fit_alpha_beta
 
 
 def ping_pong(comm, nbytes, round_trips):
@@ -25,10 +27,13 @@ def ping_pong(comm, nbytes, round_trips):
     return ((yield comm.now()) - start) / (2 * round_trips)
 
 
-def measure(program, p, args, repeats: int = 3, engine: str = "processes", statistic=np.median):
+def measure(program, p, args, repeats: int = 3, engine: str = "processes", statistic=np.median,
+            network=None):
     """`statistic` over `repeats` runs of the slowest rank's own timing (what each rank of
-    `program` returns): the median by default; `min` where noise only ever adds time."""
-    return float(statistic([max(run(program, p, engine=engine, args=args).values)
+    `program` returns): the median by default; `min` where noise only ever adds time.
+    `network` only for engine "sim"."""
+    return float(statistic([max(run(program, p, engine=engine, network=network,
+                                    args=args).values)
                             for _ in range(repeats)]))
 
 
@@ -42,3 +47,24 @@ def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
         np.add(u, v, out=u)
         best = min(best, time.perf_counter() - start)
     return best / u.nbytes
+
+
+CALIBRATION_SIZES = [4**k for k in range(12)]        # 1 B … 4 MiB
+
+
+def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, round_trips: int = 10,
+              repeats: int = 3, gamma_nbytes: int = 16 * 2**20, network=None, report=None):
+    """Measure this machine as an α–β–γ model. Returns (AlphaBeta, one-way times in s).
+
+    α (s) and β (s/byte) are fitted by least squares (`fit_alpha_beta`) to the median one-way
+    ping-pong time of each size on `engine` (sizes above 64 KiB make at most 3 round trips);
+    γ (s/byte) is `np.add` on `gamma_nbytes`, larger than the caches. `report(nbytes,
+    seconds)` is called after each size, for a caller that prints as it goes."""
+    times = []
+    for nbytes in sizes:
+        trips = round_trips if nbytes <= 65536 else min(round_trips, 3)
+        times.append(measure(ping_pong, 2, (nbytes, trips), repeats, engine, network=network))
+        if report is not None:
+            report(nbytes, times[-1])
+    alpha, beta = fit_alpha_beta(sizes, times)
+    return AlphaBeta(alpha, beta, reduction_seconds_per_byte(gamma_nbytes)), times
