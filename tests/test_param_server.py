@@ -242,31 +242,47 @@ def test_ps_exchange_moves_w_times_the_shard_into_each_server():
 
 # --- a worker that dies (failures="notify") -----------------------------------------------------
 
-def test_an_asynchronous_server_outlives_a_worker_that_dies_and_reports_it():
-    result = dsml.run(parameter_server, 5, network=NET, args=(1, model(), X, Y),
-                      kwargs=dict(steps=6, lr=0.1, batch=BATCH, seed=3, seconds_per_step=1e-3,
-                                  fail_at={3: 2}), failures="notify")
+ENGINES = ["sim", "threads", "processes"]
+
+
+def run_notify(program, world, engine, args=(), kwargs=None):
+    if engine == "sim":
+        return dsml.run(program, world, network=NET, args=args, kwargs=kwargs,
+                        failures="notify")
+    return dsml.run(program, world, engine=engine, args=args, kwargs=kwargs, timeout=60,
+                    failures="notify")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_asynchronous_server_outlives_a_worker_that_dies_and_reports_it(engine,
+                                                                           nothing_left_behind):
+    result = run_notify(parameter_server, 5, engine, (1, model(), X, Y),
+                        dict(steps=6, lr=0.1, batch=BATCH, seed=3, seconds_per_step=1e-3,
+                             fail_at={3: 2}))
     log = result.values[0]
     assert list(result.failed) == [3] and "crashed at step 2" in str(result.failed[3])
+    assert result.values[3] is result.failed[3]
     assert [rank for rank, _ in log["failures"]] == [3]
-    assert len(log["updates"]) == 3 * 6 + 2
+    assert len(log["updates"]) == 3 * 6 + 2       # the dead worker's two pushes were applied
     assert sorted({u.worker for u in log["updates"]}) == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("bound", [0, 1])
-def test_a_bounded_server_does_not_wait_for_a_dead_slowest_worker(bound):
-    result = dsml.run(parameter_server, 4, network=NET, args=(1, model(), X, Y),
-                      kwargs=dict(steps=8, lr=0.1, batch=BATCH, seed=3, bound=bound,
-                                  seconds_per_step=1e-3, speeds=[1.0, 1.0, 4.0],
-                                  fail_at={3: 1}), failures="notify")
+def test_a_bounded_server_does_not_wait_for_a_dead_slowest_worker(bound, engine,
+                                                                  nothing_left_behind):
+    result = run_notify(parameter_server, 4, engine, (1, model(), X, Y),
+                        dict(steps=8, lr=0.1, batch=BATCH, seed=3, bound=bound,
+                             seconds_per_step=1e-3, speeds=[1.0, 1.0, 4.0], fail_at={3: 1}))
     assert len(result.values[0]["updates"]) == 2 * 8 + 1
     assert list(result.failed) == [3]
 
 
-def test_a_synchronous_server_stops_with_a_clear_error_instead_of_waiting_forever():
-    result = dsml.run(parameter_server, 4, network=NET, args=(1, model(), X, Y),
-                      kwargs=dict(steps=6, lr=0.1, batch=BATCH, seed=3, mode="bsp",
-                                  fail_at={2: 3}), failures="notify")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_synchronous_server_stops_with_a_clear_error_instead_of_waiting_forever(
+        engine, nothing_left_behind):
+    result = run_notify(parameter_server, 4, engine, (1, model(), X, Y),
+                        dict(steps=6, lr=0.1, batch=BATCH, seed=3, mode="bsp", fail_at={2: 3}))
     assert "server 0: worker 2 failed; a synchronous step needs every worker's gradient" in \
         str(result.failed[0])
     assert set(result.failed) >= {0, 2}       # the others then learn that their server failed
@@ -277,26 +293,64 @@ def test_without_notify_a_dying_worker_fails_the_run_naming_it():
         run_ps(4, 1, fail_at={2: 3})
 
 
-def test_a_receive_from_a_failed_rank_raises_peer_failed_after_its_messages():
+def after_its_messages(comm):
     from dsml.comm.failures import PeerFailed
 
-    def program(comm):
-        if comm.rank == 1:
-            yield comm.send(0, np.ones(2))
-            raise ValueError("gone")
-        first = yield comm.recv(1)               # sent before the failure: still delivered
+    if comm.rank == 1:
+        yield comm.send(0, np.ones(2))
+        yield comm.send(0, np.ones(10_000))       # large: shared memory on processes
+        raise ValueError("gone")
+    first = yield comm.recv(1)                    # sent before the failure: still delivered
+    second = yield comm.recv(1)
+    try:
+        yield comm.recv(1)
+    except PeerFailed as failure:
+        caught = (failure.rank, str(failure))
+    try:                                          # every later receive from it raises too
+        yield comm.sendrecv(1, np.zeros(3), 1)
+    except PeerFailed:
+        return float(first.sum() + second.sum()), caught
+    return None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_receive_from_a_failed_rank_raises_peer_failed_after_its_messages(
+        engine, nothing_left_behind):
+    result = run_notify(after_its_messages, 2, engine)
+    assert result.values[0] == (10_002.0, (1, "rank 1 failed: ValueError: gone"))
+    assert isinstance(result.failed[1], ValueError) and result.values[1] is result.failed[1]
+
+
+def any_source_after_a_failure(comm):
+    """Rank 1 sends once and fails; rank 2 sends twice and returns. Rank 0 takes messages from
+    anyone until every other rank is accounted for: the failure arrives exactly once."""
+    from dsml.comm.failures import PeerFailed
+
+    if comm.rank == 1:
+        yield comm.send(0, 10)
+        raise RuntimeError("down")
+    if comm.rank == 2:
+        yield comm.send(0, 20)
+        yield comm.send(0, 30)
+        return None
+    got, failures = [], []
+    while len(got) + len(failures) < 4:
         try:
-            yield comm.recv(1)
+            got.append((yield comm.recv_any()))
         except PeerFailed as failure:
-            return float(first.sum()), failure.rank, str(failure)
-    result = dsml.run(program, 2, network=NET, failures="notify")
-    assert result.values[0] == (2.0, 1, "rank 1 failed: ValueError: gone")
-    assert isinstance(result.failed[1], ValueError)
+            failures.append(failure.rank)
+    return sorted(got), failures
 
 
-@pytest.mark.parametrize("engine", ["threads", "processes"])
-def test_notify_is_refused_on_real_engines_with_a_clear_error(engine):
-    with pytest.raises(ValueError, match="failures='notify' runs on engine='sim' only"):
-        dsml.run(gather_any, 2, engine=engine, args=({1: 0},), failures="notify")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_receive_from_any_source_learns_of_a_failure_once(engine, nothing_left_behind):
+    result = run_notify(any_source_after_a_failure, 3, engine)
+    assert result.values[0] == ([(1, 10), (2, 20), (2, 30)], [1])
+    assert list(result.failed) == [1]
+
+
+def test_notify_is_refused_on_mpi_and_bad_modes_are_named():
+    with pytest.raises(ValueError, match="failures='notify' does not run on engine='mpi'"):
+        dsml.run(gather_any, 2, engine="mpi", args=({1: 0},), failures="notify")
     with pytest.raises(ValueError, match="failures must be 'stop' or 'notify'"):
         dsml.run(gather_any, 2, network=NET, args=({1: 0},), failures="ignore")

@@ -51,6 +51,7 @@ RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
 STATUS_FIELDS = 6
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
 ANY_SOURCE = -2       # the peer of a receive from any source, in a Status record
+FAILED = -3           # tag of a failure notice: the sender's program raised (failures="notify")
 
 
 # What the hellos carry: a small array, so that the first user message does not pay for
@@ -117,30 +118,86 @@ class Status:
         return text
 
 
+def peer_failed(rank: int, error: BaseException) -> Exception:
+    """The exception a receive from a failed rank raises: week 4's PeerFailed (imported here,
+    when a failure first happens, because dsml.comm.failures is generated from the week-4
+    notebook and imports the simulator)."""
+    from dsml.comm.failures import PeerFailed
+    return PeerFailed(rank, error)
+
+
+class PeerGone(Exception):
+    """Raised by a transport's receive from a rank that failed (failures="notify"); the rank
+    loop turns it into PeerFailed inside the program."""
+
+    def __init__(self, rank: int, error: BaseException):
+        super().__init__(rank, error)
+        self.rank, self.error = rank, error
+
+
+class RemoteFailure(Exception):
+    """What a rank raised, when the exception itself could not be sent (it does not pickle):
+    its one-line summary."""
+
+
 class MatchingTransport:
     """Receive side shared by the real transports: take messages from `_next` until one with
-    the wanted (source, tag) arrives; keep the others, in arrival order, for later receives."""
+    the wanted (source, tag) arrives; keep the others, in arrival order, for later receives.
+
+    With failures="notify" a rank whose program raises sends every peer a FAILED notice
+    (`notify_peers`) after the messages it sent before; a receive from that rank then raises
+    PeerFailed once nothing from it is left (`failed`), and the next receive from any source
+    raises it once (`unnotified`, see `_drive_activities`)."""
 
     def __init__(self, rank: int, status: Status):
         self.rank = rank
         self.status = status
         self.early = {}     # (src, tag) -> deque of payloads that arrived before their recv
+        self.failed = {}    # rank -> the exception its program raised (failures="notify")
+        self.started = None       # perf_counter time of the common start (set by drive)
+        self.unnotified = set()   # failed ranks that no receive from any source has reported
 
     def recv(self, src, tag):
         key = (src, tag)
         stash = self.early.get(key)
         if stash:
             return stash.popleft()
+        if src in self.failed:
+            raise PeerGone(src, self.failed[src])
         self.status.set(self.rank, RECEIVING, src, tag)
         while True:
             got_src, got_tag, payload = self._next(src)
             if got_src == src and got_tag == tag:
                 self.status.set(self.rank, RUNNING)
                 return payload
+            if got_tag == FAILED:
+                self.note_failure(got_src, payload)
+                if got_src == src:
+                    self.status.set(self.rank, RUNNING)
+                    raise PeerGone(src, payload)
+                continue
             self.stash(got_src, got_tag, payload)
 
+    def note_failure(self, src, error) -> None:
+        """A FAILED notice from src arrived: everything src sent before it has arrived too."""
+        self.failed[src] = error
+        self.unnotified.add(src)
+
+    def notify_peers(self, size: int, error: BaseException) -> None:
+        """This rank's program raised (failures="notify"): tell every peer still alive."""
+        for peer in range(size):
+            if peer != self.rank and peer not in self.failed:
+                self.send_notice(peer, error)
+
+    def send_notice(self, dst, error):          # pragma: no cover - each transport has one
+        raise NotImplementedError
+
     def stash(self, src, tag, payload):
-        """Keep a message that arrived before its receive was posted."""
+        """Keep a message that arrived before its receive was posted (a failure notice is
+        noted instead: see `note_failure`)."""
+        if tag == FAILED:
+            self.note_failure(src, payload)
+            return
         stash = self.early.get((src, tag))
         if stash is None:
             stash = self.early[(src, tag)] = deque()
@@ -185,11 +242,15 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     received = [0] * size      # user messages taken by a receive from each peer
     records = [] if record_trace else None
     clock = time.perf_counter
-    t0 = clock()
+    t0 = transport.started = clock()
     value = None
+    throw = None              # a PeerFailed for the program (failures="notify")
     while True:
         try:
-            request = gen.send(value)
+            if throw is None:
+                request = gen.send(value)
+            else:
+                request, throw = gen.throw(throw), None
         except StopIteration as stop:
             t_end = clock()
             transport.status.set(rank, DONE)
@@ -199,7 +260,11 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         if kind is SendRecv:
             transport.send(request.dst, request.tag, request.payload)
             sent[request.dst] += 1
-            value = transport.recv(request.src, request.tag)
+            try:
+                value = transport.recv(request.src, request.tag)
+            except PeerGone as gone:
+                throw = peer_failed(gone.rank, gone.error)
+                continue
             received[request.src] += 1
             op, src, dst, nbytes = "sendrecv", request.src, request.dst, request.nbytes
         elif kind is Send:
@@ -207,7 +272,11 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
             sent[request.dst] += 1
             value, op, src, dst, nbytes = None, "send", rank, request.dst, request.nbytes
         elif kind is Recv:
-            value = transport.recv(request.src, request.tag)
+            try:
+                value = transport.recv(request.src, request.tag)
+            except PeerGone as gone:
+                throw = peer_failed(gone.rank, gone.error)
+                continue
             received[request.src] += 1
             op, src, dst, nbytes = "recv", request.src, rank, None
         elif kind is Compute:
@@ -235,11 +304,12 @@ class _Activity:
     """One activity of a rank under `_drive_activities`: its generator, and what it waits for
     (`request`, None when it is ready or running) since when (`start`). `value` is what it
     is sent when it runs next (what its last request answered)."""
-    __slots__ = ("number", "gen", "request", "start", "value", "done")
+    __slots__ = ("number", "gen", "request", "start", "value", "done", "throw")
 
     def __init__(self, number, gen):
         self.number, self.gen = number, gen
         self.request, self.start, self.value, self.done = None, 0.0, None, False
+        self.throw = None       # a PeerFailed to raise in it when it runs next (week 4)
 
 
 def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent, received,
@@ -271,10 +341,15 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
         """Hand the activity its requests until one must wait or the activity ends."""
         nonlocal spawned, outcome
         gen, value = activity.gen, activity.value
+        throw, activity.throw = activity.throw, None
+        failed = transport.failed
         while True:
             if request is None:
                 try:
-                    request = gen.send(value)
+                    if throw is None:
+                        request = gen.send(value)
+                    else:
+                        request, throw = gen.throw(throw), None
                 except StopIteration as stop:
                     activity.done = True
                     running.remove(activity)
@@ -289,6 +364,9 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     sent[request.dst] += 1
                 key = (request.src, request.tag)
                 queue, box = posted.get(key), stash.get(key)
+                if not box and request.src in failed:     # nothing left from a failed rank
+                    throw, request = peer_failed(request.src, failed[request.src]), None
+                    continue
                 if queue or not box:        # someone posted first, or nothing is here: wait
                     activity.request, activity.start = request, start
                     if queue is None:
@@ -322,6 +400,11 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
             elif ADDED_REQUESTS.get(kind) == "recv_any":
                 tag = request.tag
                 found = None
+                if transport.unnotified:        # a peer failed: say so once (as on sim)
+                    gone = min(transport.unnotified)
+                    transport.unnotified.discard(gone)
+                    throw, request = peer_failed(gone, failed[gone]), None
+                    continue
                 if not posted_any.get(tag):     # nobody asked first: the lowest source's
                     found = min((key for key, box in stash.items() if key[1] == tag and box),
                                 default=None)
@@ -358,7 +441,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
         """The activity's wait is over (its message or its joined activity is in `value`):
         record the wait, from its start until now, when the activity resumes."""
         request, activity.request = activity.request, None
-        if records is None:
+        if records is None or activity.throw is not None:
             return
         kind = type(request)
         if kind is SendRecv:
@@ -375,8 +458,27 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
             row = (rank, "join", activity.start, clock(), -1, -1, 0, 0)
         records.append(row)
 
+    def fail(src, error) -> None:
+        """A FAILED notice from src (failures="notify"): every activity waiting for a message
+        from src gets PeerFailed, and so does the first waiting for one from anyone (else
+        the next receive from any source will)."""
+        transport.note_failure(src, error)
+        for key in [key for key in posted if key[0] == src]:
+            for activity in posted.pop(key):
+                activity.throw = peer_failed(src, error)
+                ready.append(activity)
+        waiting = next((queue for queue in posted_any.values() if queue), None)
+        if waiting:
+            activity = waiting.popleft()
+            activity.throw = peer_failed(src, error)
+            transport.unnotified.discard(src)
+            ready.append(activity)
+
     def deliver(src, tag, payload) -> None:
         """A message arrived: to the first activity waiting for it, or to the stash."""
+        if tag == FAILED:
+            fail(src, payload)
+            return
         key = (src, tag)
         queue = posted.get(key)
         if queue:
@@ -487,28 +589,39 @@ def timed_out(pending, status: Status, world_size: int, timeout: float) -> RankE
                      f"within the timeout of {timeout:g} s:\n  {waiting}")
 
 
-def check_all_received(outcomes) -> None:
+def check_all_received(outcomes, failed=None) -> None:
     """Every rank finished: compare what each sent to each peer with what that peer received,
-    as the simulator does, so that a message nobody received is an error on every engine."""
+    as the simulator does, so that a message nobody received is an error on every engine.
+    Messages to or from a rank in `failed` (failures="notify") were orphaned by the failure:
+    not an error."""
+    failed = failed or {}
     missing = [(src, dst, sent - outcomes[dst].received[src])
-               for src, outcome in enumerate(outcomes) for dst, sent in enumerate(outcome.sent)
-               if sent > outcomes[dst].received[src]]
+               for src, outcome in enumerate(outcomes) if src not in failed
+               for dst, sent in enumerate(outcome.sent)
+               if dst not in failed and sent > outcomes[dst].received[src]]
     if missing:
         lines = "\n  ".join(f"rank {src} -> rank {dst}: {n} message(s)" for src, dst, n in missing)
         raise RankError(missing[0][1], "finished without receiving messages sent to it "
                         f"(mismatched peers or tags?):\n  {lines}")
 
 
-def make_result(outcomes, trace: bool, engine: str) -> RunResult:
-    """The RunResult of a run where every rank finished: times from the earliest start."""
-    t0 = min(o.start for o in outcomes)
-    ends = [o.end - t0 for o in outcomes]
+def make_result(outcomes, trace: bool, engine: str, failed=None) -> RunResult:
+    """The RunResult of a run where every rank finished or failed (failures="notify":
+    `failed` maps those ranks to (exception, start, time of the failure), perf_counter
+    seconds; their value is the exception, their finish time the failure's, and their trace
+    rows are lost): times from the earliest start."""
+    failed = failed or {}
+    finished = [o for o in outcomes if o is not None]
+    t0 = min([o.start for o in finished] + [start for _, start, _ in failed.values()])
+    ends = [failed[rank][2] - t0 if o is None else o.end - t0 for rank, o in enumerate(outcomes)]
+    values = [failed[rank][0] if o is None else o.value for rank, o in enumerate(outcomes)]
     records = None
     if trace:
         records = Trace()
-        for outcome in outcomes:
+        for outcome in finished:
             for rank, op, start, end, src, dst, nbytes, tag in outcome.records:
                 records.add(rank, op, start - t0, end - t0, src, dst, nbytes, tag)
         records.rows.sort(key=lambda row: (row[3], row[0]))   # by end time, then rank
-    return RunResult(values=[o.value for o in outcomes], time=max(ends), trace=records,
-                     engine=engine, world_size=len(outcomes), finish_times=ends)
+    return RunResult(values=values, time=max(ends), trace=records, engine=engine,
+                     world_size=len(outcomes), finish_times=ends,
+                     failed={rank: error for rank, (error, *_) in sorted(failed.items())})

@@ -16,6 +16,9 @@ class PeerFailed(Exception):
         super().__init__(f"rank {rank} failed: {type(error).__name__}: {error}")
         self.__cause__ = error
 
+    def __reduce__(self):          # pickled by the processes engine: rebuild from both parts
+        return type(self), (self.rank, self.__cause__)
+
 
 @add_to_class(SimEngine)
 def on_rank_failure(self, process, error) -> bool:

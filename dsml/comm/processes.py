@@ -96,7 +96,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from dsml.comm.api import RankError, RunResult
-from dsml.comm.driver import (MatchingTransport, Status, STATUS_FIELDS, check_all_received,
+from dsml.comm.driver import (FAILED, MatchingTransport, RemoteFailure, Status, STATUS_FIELDS,
+                              check_all_received,
                               describe_exception, drive, make_result, rank_failed, stop_children,
                               timed_out)
 
@@ -487,6 +488,10 @@ class PipeTransport(MatchingTransport):
         self.pending.discard(dst)
         return True
 
+    def send_notice(self, dst, error):
+        """A failure notice (failures="notify"), after this rank's earlier frames to dst."""
+        self._send_frame(dst, encode_frame(FAILED, portable(error)))
+
     def finish(self):
         """After the program has returned: deliver what is still in the backlogs."""
         while self.pending:
@@ -714,8 +719,18 @@ def keep_freed_memory() -> bool:
                 and mallopt(M_TRIM_THRESHOLD, MMAP_THRESHOLD))
 
 
+def portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling both ways (so a peer and the parent can have it), else a
+    RemoteFailure with its summary."""
+    try:
+        pickle.loads(pickle.dumps(error, protocol=5))
+        return error
+    except Exception:
+        return RemoteFailure(f"{type(error).__name__}: {error}")
+
+
 def _child_main(rank, size, program, args, kwargs, channels, status_cells, created, result_conn,
-                record_trace, prefix):
+                record_trace, prefix, failures="stop"):
     one_blas_thread()
     keep_freed_memory()
     readers, writers = {}, {}
@@ -742,6 +757,18 @@ def _child_main(rank, size, program, args, kwargs, channels, status_cells, creat
         outcome = drive(rank, size, program, args, kwargs, transport, record_trace)
         # Protocol 5, as for messages: NumPy's older protocols lose a non-native byte order.
         result_conn.send_bytes(pickle.dumps(("ok", outcome), protocol=5))
+    except Exception as error:
+        if failures != "notify":
+            result_conn.send_bytes(pickle.dumps(("error",) + describe_exception(error),
+                                                protocol=5))
+            return
+        # failures="notify": tell the peers (after what this rank sent them before), then the
+        # parent; the run goes on without this rank.
+        failed_at = time.perf_counter()
+        started = transport.started if transport.started is not None else failed_at
+        error = portable(error)
+        transport.notify_peers(size, error)
+        result_conn.send_bytes(pickle.dumps(("failed", error, started, failed_at), protocol=5))
     except BaseException as error:   # report everything, including KeyboardInterrupt
         result_conn.send_bytes(pickle.dumps(("error",) + describe_exception(error), protocol=5))
         return
@@ -795,10 +822,12 @@ class _ChildEnvironment:
 
 
 def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = True,
-                  timeout: float = 120.0) -> RunResult:
+                  timeout: float = 120.0, failures: str = "stop") -> RunResult:
     """Run the rank program on `world_size` real processes; see the module docstring.
 
     `timeout` (s) bounds the whole run, from the moment the children are started.
+    `failures="notify"`: a rank that raises tells its peers (FAILED notices), reports, and
+    ends alone; the run goes on.
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -820,19 +849,20 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
                 child = ctx.Process(
                     target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
                     args=(rank, world_size, program, args, kwargs or {}, channels,
-                          status_cells, created, child_end, trace, prefix))
+                          status_cells, created, child_end, trace, prefix, failures))
                 child.start()
                 child_end.close()
                 children.append(child)
                 result_conns.append(parent_end)
         _close_channels(channels)      # the children hold their own ends now
-        outcomes = _collect(children, result_conns, Status(status_cells), deadline, timeout)
+        outcomes, failed = _collect(children, result_conns, Status(status_cells), deadline,
+                                    timeout)
     finally:
         stop_children(children, result_conns)
         _close_channels(channels)
         unlink_segments(prefix, created)
-    check_all_received(outcomes)
-    return make_result(outcomes, trace, "processes")
+    check_all_received(outcomes, failed)
+    return make_result(outcomes, trace, "processes", failed)
 
 
 def _close_channels(channels):
@@ -842,9 +872,11 @@ def _close_channels(channels):
 
 
 def _collect(children, result_conns, status, deadline, timeout):
-    """Wait for every child's result; raise RankError naming the first failure."""
+    """Wait for every child's result; raise RankError naming the first failure. Returns the
+    outcomes and, with failures="notify", {rank: (its exception, time of the failure)}."""
     world_size = len(children)
     outcomes = [None] * world_size
+    failed = {}
     pending = set(range(world_size))
     while pending:
         remaining = deadline - time.monotonic()
@@ -865,9 +897,12 @@ def _collect(children, result_conns, status, deadline, timeout):
                 _raise_child_error(rank, children, result_conns)
             if message[0] == "error":
                 raise rank_failed(rank, message[1], message[2])
-            outcomes[rank] = message[1]
+            if message[0] == "failed":      # failures="notify": its peers have been told
+                failed[rank] = message[1:]
+            else:
+                outcomes[rank] = message[1]
             pending.discard(rank)
-    return outcomes
+    return outcomes, failed
 
 
 def _read_result(conn):

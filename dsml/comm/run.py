@@ -24,15 +24,16 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or None to
     take it; every process gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only) stops a simulation that would never end with an error.
-    `failures`: "stop" (a rank that raises fails the run, naming the rank) or, on the
-    simulator, "notify" (week 4: the rank ends, and its peers' receives from it raise
-    dsml.comm.failures.PeerFailed; `RunResult.failed` maps each failed rank to its error).
+    `failures`: "stop" (a rank that raises fails the run, naming the rank) or "notify"
+    (week 4: the rank ends, and its peers' receives from it raise
+    dsml.comm.failures.PeerFailed; `RunResult.failed` maps each failed rank to its error;
+    every engine but "mpi").
     """
     if failures not in ("stop", "notify"):
         raise ValueError(f"failures must be 'stop' or 'notify', got {failures!r}")
-    if failures == "notify" and engine != "sim":
-        raise ValueError(f"failures='notify' runs on engine='sim' only so far; on {engine!r} a "
-                         f"rank that raises fails the run (failures='stop')")
+    if failures == "notify" and engine == "mpi":
+        raise ValueError("failures='notify' does not run on engine='mpi': a rank that raises "
+                         "ends the MPI job (MPI_Abort); use it on sim, threads or processes")
     if engine == "mpi" and world_size is None:       # the MPI job's size
         from dsml.comm.mpi import job_size
         world_size = job_size()
@@ -55,9 +56,9 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
                          f"for engine='sim'")
     if engine == "threads":
         from dsml.comm.threads import run_threads
-        return run_threads(program, world_size, args, kwargs, trace, timeout)
+        return run_threads(program, world_size, args, kwargs, trace, timeout, failures)
     if engine == "mpi":
         from dsml.comm.mpi import run_mpi
         return run_mpi(program, world_size, args, kwargs, trace, timeout)
     from dsml.comm.processes import run_processes
-    return run_processes(program, world_size, args, kwargs, trace, timeout)
+    return run_processes(program, world_size, args, kwargs, trace, timeout, failures)

@@ -27,7 +27,7 @@ import threading
 import time
 
 from dsml.comm.api import RankError, RunResult, snapshot
-from dsml.comm.driver import (Cancelled, MatchingTransport, Status, STATUS_FIELDS,
+from dsml.comm.driver import (FAILED, Cancelled, MatchingTransport, Status, STATUS_FIELDS,
                               check_all_received, describe_exception, drive, make_result,
                               rank_failed, timed_out)
 
@@ -58,6 +58,11 @@ class ThreadTransport(MatchingTransport):
                 if cancelled.is_set():
                     raise Cancelled() from None
 
+    def send_notice(self, dst, error):
+        """A failure notice (failures="notify"): the exception itself, after this rank's
+        earlier messages in dst's inbox."""
+        self.inboxes[dst].put((self.rank, FAILED, error))
+
     def _next_any(self, sources):
         """The next message from any of `sources` (activities, week 3): the one inbox already
         holds every source's, so this is the next message from anyone (the driver stashes it
@@ -66,10 +71,11 @@ class ThreadTransport(MatchingTransport):
 
 
 def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = True,
-                timeout: float = 120.0) -> RunResult:
+                timeout: float = 120.0, failures: str = "stop") -> RunResult:
     """Run the rank program on `world_size` threads; see the module docstring.
 
     `timeout` (s) bounds the whole run, from the moment the threads are started.
+    `failures="notify"`: a rank that raises tells its peers (FAILED notices) and ends alone.
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -87,6 +93,14 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
             outcome = drive(rank, world_size, program, args, kwargs, transport, trace)
         except Cancelled:
             reports.put((rank, None, None))         # stopped because the run failed elsewhere
+        except Exception as error:
+            if failures == "notify":                # the others go on without this rank
+                transport.notify_peers(world_size, error)
+                failed_at = time.perf_counter()
+                started = transport.started if transport.started is not None else failed_at
+                reports.put((rank, (error, started, failed_at), None))
+            else:
+                reports.put((rank, None, describe_exception(error)))
         except BaseException as error:              # report everything, like a child process
             reports.put((rank, None, describe_exception(error)))
         else:
@@ -98,7 +112,7 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
     try:
         for thread in threads:
             thread.start()
-        outcomes = _collect(reports, status, world_size, deadline, timeout)
+        outcomes, failed = _collect(reports, status, world_size, deadline, timeout)
     except BaseException as caught:      # a failed rank, a timeout, or Ctrl-C in the caller
         error = caught
         raise
@@ -109,13 +123,15 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
             error.args = (error.args[0] + "\n(still running their own code, never yielding a "
                           "request, so they could not be stopped: "
                           + ", ".join(thread.name for thread in stuck) + ")",)
-    check_all_received(outcomes)
-    return make_result(outcomes, trace, "threads")
+    check_all_received(outcomes, failed)
+    return make_result(outcomes, trace, "threads", failed)
 
 
 def _collect(reports, status, world_size, deadline, timeout):
-    """Wait for every rank's report; raise RankError naming the first failure."""
+    """Wait for every rank's report; raise RankError naming the first failure. Returns the
+    outcomes and, with failures="notify", {rank: the exception it raised}."""
     outcomes = [None] * world_size
+    failed = {}
     pending = set(range(world_size))
     while pending:
         remaining = deadline - time.monotonic()
@@ -129,9 +145,12 @@ def _collect(reports, status, world_size, deadline, timeout):
             raise rank_failed(rank, *failure)
         if outcome is None:      # pragma: no cover - cancelled ranks report only after a failure
             continue
-        outcomes[rank] = outcome
+        if type(outcome) is tuple:        # (error, time): failed, and its peers were told
+            failed[rank] = outcome
+        else:
+            outcomes[rank] = outcome
         pending.discard(rank)
-    return outcomes
+    return outcomes, failed
 
 
 def _join(threads) -> list:
