@@ -1,0 +1,781 @@
+"""Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
+
+
+# -- cell 129
+import numbers
+from dataclasses import dataclass
+
+GB = 1e9          # the course's gigabyte: 10⁹ bytes, the unit of the ZeRO paper's figures
+
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("learned", "rotary")
+
+
+def _check_count(name: str, value) -> int:
+    """`value` if it is an integer ≥ 1 (a size, a number of layers or ranks), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
+    return int(value)
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The shapes of a decoder-only transformer, GPT-style or Llama-style.
+
+    layers            l, transformer blocks
+    hidden            h, model width
+    heads             a, query heads; head_dim = h / a
+    vocab             V, vocabulary size
+    seq_len           s, maximum sequence length (rows of a learned position table)
+    kv_heads          key/value heads (grouped-query attention when fewer than heads); default a
+    ffn_hidden        f, width of the MLP; default 4h
+    norm              "layernorm" (weight and bias) or "rmsnorm" (weight only)
+    mlp               "gelu" (h×f then f×h) or "swiglu" (gate h×f, up h×f, down f×h)
+    bias              a bias on every linear layer (the output head never has one, as in
+                      GPT-2 and Llama)
+    tied_embeddings   the output head reuses the token embedding matrix
+    positions         "learned" (an s×h table) or "rotary" (no parameters)
+
+    `breakdown()` and `num_params()` are exact counts derived from these shapes."""
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    norm: str = "layernorm"
+    mlp: str = "gelu"
+    bias: bool = True
+    tied_embeddings: bool = True
+    positions: str = "learned"
+    name: str = "custom"
+
+    def __post_init__(self):
+        for field_name in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            _check_count(field_name, getattr(self, field_name))
+        # A frozen dataclass fills its defaults through object.__setattr__.
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        _check_count("kv_heads", self.kv_heads)
+        _check_count("ffn_hidden", self.ffn_hidden)
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden must be divisible by heads: hidden={self.hidden}, "
+                             f"heads={self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads must be divisible by kv_heads (each key/value head serves a "
+                             f"whole group of query heads): heads={self.heads}, "
+                             f"kv_heads={self.kv_heads}")
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("mlp", self.mlp, MLPS)
+        _check_choice("positions", self.positions, POSITIONS)
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ValueError(f"rotary positions rotate pairs of coordinates: head_dim = "
+                             f"hidden / heads must be even, got {self.head_dim}")
+
+    @classmethod
+    def gpt_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+                  name: str = "custom") -> "TransformerConfig":
+        """GPT-2's recipe: learned positions, LayerNorm, GELU MLP of width 4h, biases, tied head."""
+        return cls(layers, hidden, heads, vocab, seq_len, name=name)
+
+    @classmethod
+    def llama_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+                    ffn_hidden: int, kv_heads: int | None = None,
+                    name: str = "custom") -> "TransformerConfig":
+        """Llama's recipe: rotary positions, RMSNorm, SwiGLU MLP, no biases, untied head."""
+        return cls(layers, hidden, heads, vocab, seq_len, kv_heads=kv_heads,
+                   ffn_hidden=ffn_hidden, norm="rmsnorm", mlp="swiglu", bias=False,
+                   tied_embeddings=False, positions="rotary", name=name)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection: kv_heads × head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_in_matrices(self) -> int:
+        """h×f matrices at the MLP's input: 1 for GELU, 2 (gate and up) for SwiGLU."""
+        return 2 if self.mlp == "swiglu" else 1
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm: weight and bias (LayerNorm) or weight only (RMSNorm)."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def layer_breakdown(self) -> dict[str, int]:
+        """Parameters of one transformer block: attention, mlp, norms (its two)."""
+        h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
+        attention = h * h + h * kv + h * kv + h * h          # W_q, W_k, W_v, W_o
+        mlp = self.mlp_in_matrices * h * f + f * h            # input matrices, output matrix
+        if self.bias:
+            attention += h + kv + kv + h
+            mlp += self.mlp_in_matrices * f + h
+        return {"attention": attention, "mlp": mlp, "norms": 2 * self.norm_params}
+
+    def breakdown(self) -> dict[str, int]:
+        """Exact parameter count by part: embeddings (tokens, learned positions), attention and
+        mlp (all layers), norms (all layers plus the final norm), head (0 when tied)."""
+        layer = self.layer_breakdown()
+        embeddings = self.vocab * self.hidden
+        if self.positions == "learned":
+            embeddings += self.seq_len * self.hidden
+        return {
+            "embeddings": embeddings,
+            "attention": self.layers * layer["attention"],
+            "mlp": self.layers * layer["mlp"],
+            "norms": self.layers * layer["norms"] + self.norm_params,
+            "head": 0 if self.tied_embeddings else self.vocab * self.hidden,
+        }
+
+    def num_params(self) -> int:
+        """The exact number of parameters (the sum of `breakdown()`)."""
+        return sum(self.breakdown().values())
+
+
+def narayanan_params(config: TransformerConfig) -> float:
+    """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
+    P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
+    l, h, V, s = config.layers, config.hidden, config.vocab, config.seq_len
+    return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+# -- cell 131
+PRESETS = {
+    "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
+    "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
+    "gpt2-large": TransformerConfig.gpt_style(36, 1280, 20, 50257, 1024, name="gpt2-large"),
+    "gpt2-xl": TransformerConfig.gpt_style(48, 1600, 25, 50257, 1024, name="gpt2-xl"),
+    "llama2-7b": TransformerConfig.llama_style(32, 4096, 32, 32000, 4096, ffn_hidden=11008,
+                                               name="llama2-7b"),
+    "llama2-13b": TransformerConfig.llama_style(40, 5120, 40, 32000, 4096, ffn_hidden=13824,
+                                                name="llama2-13b"),
+    "llama2-70b": TransformerConfig.llama_style(80, 8192, 64, 32000, 4096, ffn_hidden=28672,
+                                                kv_heads=8, name="llama2-70b"),
+}
+
+
+def preset(name: str) -> TransformerConfig:
+    """The configuration of a published model: one of PRESETS' names."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid names: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+# -- cell 136
+import numpy as np
+
+
+def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Name → shape of every parameter tensor, written out as a forward pass uses them (weights
+    stored (in, out), so a linear layer is x @ W + b). Names follow GPT-2's: wte, wpe,
+    h.{i}.ln_1.weight, h.{i}.attn.q.weight, …, ln_f.weight, lm_head.weight."""
+    h, kv, f = config.hidden, config.kv_heads * (config.hidden // config.heads), config.ffn_hidden
+    shapes = {}
+
+    def linear(name, fan_in, fan_out):
+        shapes[f"{name}.weight"] = (fan_in, fan_out)
+        if config.bias:
+            shapes[f"{name}.bias"] = (fan_out,)
+
+    def norm(name):
+        shapes[f"{name}.weight"] = (h,)
+        if config.norm == "layernorm":
+            shapes[f"{name}.bias"] = (h,)
+
+    shapes["wte"] = (config.vocab, h)
+    if config.positions == "learned":
+        shapes["wpe"] = (config.seq_len, h)
+    for i in range(config.layers):
+        norm(f"h.{i}.ln_1")
+        linear(f"h.{i}.attn.q", h, h)
+        linear(f"h.{i}.attn.k", h, kv)
+        linear(f"h.{i}.attn.v", h, kv)
+        linear(f"h.{i}.attn.o", h, h)
+        norm(f"h.{i}.ln_2")
+        if config.mlp == "gelu":
+            linear(f"h.{i}.mlp.fc", h, f)
+            linear(f"h.{i}.mlp.proj", f, h)
+        else:
+            linear(f"h.{i}.mlp.gate", h, f)
+            linear(f"h.{i}.mlp.up", h, f)
+            linear(f"h.{i}.mlp.down", f, h)
+    norm("ln_f")
+    if not config.tied_embeddings:
+        shapes["lm_head.weight"] = (h, config.vocab)     # the head has no bias
+    return shapes
+
+
+def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
+                      max_bytes: float = 2**30) -> dict[str, np.ndarray]:
+    """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
+    matrices N(0, 0.02²), norm weights ones, biases zeros. Refuses models over `max_bytes`
+    (1 GiB by default: this is for small models). The memory accountant never reads these arrays:
+    the sum of their nbytes is the measurement it is checked against."""
+    shapes = parameter_shapes(config)
+    wanted = np.dtype(dtype).itemsize * sum(int(np.prod(shape)) for shape in shapes.values())
+    if wanted > max_bytes:
+        raise ValueError(f"{config.name} would allocate {wanted:,} bytes, more than max_bytes="
+                         f"{max_bytes:,.0f}; build small models, or raise max_bytes")
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in shapes.items():
+        if name.endswith(".bias"):
+            params[name] = np.zeros(shape, dtype=dtype)
+        elif len(shape) == 1:                           # a norm's weight
+            params[name] = np.ones(shape, dtype=dtype)
+        else:
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
+    return params
+
+
+def measured_bytes(params: dict[str, np.ndarray]) -> int:
+    """Bytes actually allocated for a dictionary of arrays: the sum of their nbytes."""
+    return sum(array.nbytes for array in params.values())
+
+
+def _rotary(x: np.ndarray) -> np.ndarray:
+    """Rotary position embedding of x (heads, n, d): each pair (x_j, x_{j+d/2}) at position t
+    turned by the angle t·10000^(−2j/d) (the 'rotate half' layout of Llama's code)."""
+    n, d = x.shape[1], x.shape[2]
+    angles = np.arange(n)[:, None] * 10000.0 ** (-np.arange(d // 2) * 2.0 / d)[None, :]
+    cos, sin = np.cos(angles), np.sin(angles)
+    first, second = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
+                  tokens) -> np.ndarray:
+    """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
+    from `params` (as `build_numpy_model` names them): causal attention with grouped key/value
+    heads, GELU or SwiGLU MLP, LayerNorm or RMSNorm, learned or rotary positions."""
+    tokens = np.asarray(tokens)
+    n, a, kv_heads, d = len(tokens), config.heads, config.kv_heads, config.hidden // config.heads
+    if not 1 <= n <= config.seq_len:
+        raise ValueError(f"tokens must hold 1..seq_len={config.seq_len} ids, got {n}")
+
+    def get(name):
+        return params[name].astype(np.float32)
+
+    def linear(x, name):
+        y = x @ get(f"{name}.weight")
+        return y + get(f"{name}.bias") if config.bias else y
+
+    def norm(x, name):
+        if config.norm == "layernorm":
+            centred = x - x.mean(axis=-1, keepdims=True)
+            scaled = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-5)
+            return scaled * get(f"{name}.weight") + get(f"{name}.bias")
+        return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + 1e-5) * get(f"{name}.weight")
+
+    x = get("wte")[tokens]
+    if config.positions == "learned":
+        x = x + get("wpe")[:n]
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)
+    for i in range(config.layers):
+        y = norm(x, f"h.{i}.ln_1")
+        q = linear(y, f"h.{i}.attn.q").reshape(n, a, d).transpose(1, 0, 2)
+        k = linear(y, f"h.{i}.attn.k").reshape(n, kv_heads, d).transpose(1, 0, 2)
+        v = linear(y, f"h.{i}.attn.v").reshape(n, kv_heads, d).transpose(1, 0, 2)
+        if config.positions == "rotary":
+            q, k = _rotary(q), _rotary(k)
+        # Grouped-query attention: each key/value head serves a/kv_heads query heads.
+        k, v = np.repeat(k, a // kv_heads, axis=0), np.repeat(v, a // kv_heads, axis=0)
+        scores = np.where(future, -np.inf, q @ k.transpose(0, 2, 1) / np.sqrt(d))
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        x = x + linear((weights @ v).transpose(1, 0, 2).reshape(n, a * d), f"h.{i}.attn.o")
+        y = norm(x, f"h.{i}.ln_2")
+        if config.mlp == "gelu":
+            u = linear(y, f"h.{i}.mlp.fc")
+            u = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+            x = x + linear(u, f"h.{i}.mlp.proj")
+        else:
+            gate = linear(y, f"h.{i}.mlp.gate")
+            x = x + linear(gate / (1 + np.exp(-gate)) * linear(y, f"h.{i}.mlp.up"),
+                           f"h.{i}.mlp.down")
+    x = norm(x, "ln_f")
+    head = get("wte").T if config.tied_embeddings else get("lm_head.weight")
+    return x @ head
+
+
+# -- cell 138
+COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
+ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
+
+
+def check_split(config: TransformerConfig, tp: int, pp: int) -> None:
+    """Raise ValueError unless tp divides heads, kv_heads and ffn_hidden, and pp divides layers."""
+    _check_count("tp", tp)
+    _check_count("pp", pp)
+    for field_name in ("heads", "kv_heads", "ffn_hidden"):
+        value = getattr(config, field_name)
+        if value % tp:
+            raise ValueError(f"tp must divide {field_name}: tp={tp}, {field_name}={value}")
+    if config.layers % pp:
+        raise ValueError(f"pp must divide layers: pp={pp}, layers={config.layers}")
+
+
+def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.ndarray:
+    """This rank's slice of a vocabulary-sized axis, zero-padded to a multiple of tp."""
+    vocab = matrix.shape[axis]
+    rows = -(-vocab // tp)                                  # ceil(V / tp)
+    pad = [(0, 0)] * matrix.ndim
+    pad[axis] = (0, rows * tp - vocab)
+    padded = np.pad(matrix, pad)
+    return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
+
+
+def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
+                      tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
+    """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
+    - the stage holds layers [stage·l/pp, (stage+1)·l/pp); stage 0 also the embeddings, the last
+      stage the final norm and the head — with tied embeddings and pp > 1 a copy of the token
+      embedding, as Megatron-LM keeps one there to compute the logits;
+    - column-parallel weights (q, k, v, fc, gate, up) and their biases are cut into tp equal parts
+      along the output axis, row-parallel weights (o, proj, down) along the input axis; their
+      biases and every norm are replicated;
+    - the token embedding and an untied head are cut along the vocabulary, zero-padded to a
+      multiple of tp; the learned position table is replicated."""
+    check_split(config, tp, pp)
+    if not 0 <= tp_rank < tp or not 0 <= stage < pp:
+        raise ValueError(f"need 0 ≤ tp_rank < tp and 0 ≤ stage < pp, got tp_rank={tp_rank}, "
+                         f"tp={tp}, stage={stage}, pp={pp}")
+    per_stage = config.layers // pp
+    mine = range(stage * per_stage, (stage + 1) * per_stage)
+    first, last = stage == 0, stage == pp - 1
+    held = {}
+    for name, array in params.items():
+        if name.startswith("h."):
+            _, index, rest = name.split(".", 2)
+            if int(index) not in mine:
+                continue
+            module, kind = rest.rsplit(".", 1)
+            if module in COLUMN_PARALLEL:
+                held[name] = np.split(array, tp, axis=-1)[tp_rank].copy()
+            elif module in ROW_PARALLEL and kind == "weight":
+                held[name] = np.split(array, tp, axis=0)[tp_rank].copy()
+            else:
+                held[name] = array.copy()
+        elif name == "wte" and first:
+            held[name] = _vocab_shard(array, 0, tp, tp_rank)
+        elif name == "wpe" and first:
+            held[name] = array.copy()
+        elif name.startswith("ln_f") and last:
+            held[name] = array.copy()
+        elif name == "lm_head.weight" and last:
+            held[name] = _vocab_shard(array, 1, tp, tp_rank)
+    if config.tied_embeddings and last and pp > 1:
+        held["wte (copy for the head)"] = _vocab_shard(params["wte"], 0, tp, tp_rank)
+    return held
+
+
+# -- cell 140
+def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
+    """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
+    column-parallel biases split t ways, row-parallel biases and norms whole."""
+    h, kv, f, t = config.hidden, config.kv_dim, config.ffn_hidden, tp
+    n_in = config.mlp_in_matrices
+    count = (h * h + 2 * h * kv + h * h) // t + (n_in + 1) * h * f // t + 2 * config.norm_params
+    if config.bias:
+        count += (h + 2 * kv) // t + h          # q, k, v biases split; o's bias whole
+        count += n_in * f // t + h              # fc (gate, up) biases split; proj's whole
+    return count
+
+
+def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
+    """Exact parameters held by one rank of pipeline stage `stage` (0-based) under tp-way tensor
+    and pp-way pipeline parallelism (the split that `shard_numpy_model` performs):
+    l/p blocks of `_layer_params_per_tp_rank`; stage 0 adds ⌈V/t⌉·h token embeddings (+ s·h
+    learned positions); the last stage the final norm and ⌈V/t⌉·h for the head (untied, or the
+    tied embedding's copy when p > 1). With t = p = 1 it is `config.num_params()`."""
+    check_split(config, tp, pp)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in 0..pp−1 = 0..{pp - 1}, got {stage}")
+    vocab_rows = -(-config.vocab // tp)          # ceil(V / t): the padded vocabulary shard
+    count = (config.layers // pp) * _layer_params_per_tp_rank(config, tp)
+    if stage == 0:
+        count += vocab_rows * config.hidden
+        if config.positions == "learned":
+            count += config.seq_len * config.hidden
+    if stage == pp - 1:
+        count += config.norm_params
+        if not config.tied_embeddings or pp > 1:
+            count += vocab_rows * config.hidden
+    return count
+
+
+# -- cell 142
+@dataclass(frozen=True)
+class BytesPerParameter:
+    """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
+    params: int
+    grads: int
+    optimizer: int
+
+
+PRECISIONS = {
+    # 16-bit weights and gradients; fp32 master weights, Adam momentum and variance (ZeRO's K = 12)
+    "mixed": BytesPerParameter(params=2, grads=2, optimizer=12),
+    # fp32 weights and gradients; Adam momentum and variance
+    "fp32": BytesPerParameter(params=4, grads=4, optimizer=8),
+}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes held by one rank, by kind. `stage` is the pipeline stage it describes."""
+    params: float
+    grads: float
+    optimizer: float
+    activations: float = 0.0
+    buffers: float = 0.0
+    stage: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    def in_gb(self) -> dict[str, float]:
+        """Every part and the total in GB (10⁹ bytes)."""
+        parts = ("params", "grads", "optimizer", "activations", "buffers", "total")
+        return {part: getattr(self, part) / GB for part in parts}
+
+
+def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
+                           precision: str = "mixed") -> MemoryBreakdown:
+    """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
+    for Ψ = num_params parameters (Rajbhandari et al. 2020, Figure 1), with 2, 2, K the
+    precision's bytes per weight, gradient and optimizer state (mixed: K = 12):
+      stage 0 (plain DP)   (2 + 2 + K)Ψ
+      stage 1 (P_os)       4Ψ + KΨ/N_d
+      stage 2 (P_os+g)     2Ψ + (2 + K)Ψ/N_d
+      stage 3 (P_os+g+p)   (2 + 2 + K)Ψ/N_d
+    Shards are exactly Ψ/N_d (real shards are padded to ⌈Ψ/N_d⌉; the formula ignores that)."""
+    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or num_params <= 0:
+        raise ValueError(f"num_params must be > 0, got {num_params!r}")
+    _check_count("dp", dp)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    _check_choice("precision", precision, tuple(PRECISIONS))
+    per = PRECISIONS[precision]
+    psi = num_params
+    params = per.params * psi / dp if zero_stage >= 3 else per.params * psi
+    grads = per.grads * psi / dp if zero_stage >= 2 else per.grads * psi
+    optimizer = per.optimizer * psi / dp if zero_stage >= 1 else per.optimizer * psi
+    return MemoryBreakdown(params, grads, optimizer)
+
+
+def zero_model_states(n_params: float, dp: int, stage: int) -> float:
+    """Bytes of model states per rank — weights, gradients and optimizer state, mixed-precision
+    Adam — at ZeRO `stage` on dp ranks: the total of `zero_model_state_bytes`."""
+    return zero_model_state_bytes(n_params, dp, stage).total
+
+
+# -- cell 144
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def activation_bytes_per_layer(config: TransformerConfig, micro_batch: int, tp: int = 1,
+                               sequence_parallel: bool = False, recompute: str = "none",
+                               seq_len: int | None = None) -> float:
+    """Bytes of 16-bit activations one transformer layer keeps for the backward pass, for one
+    micro-batch, on one tensor-parallel rank (Korthikanti et al. 2022, Table 2), with s = seq_len
+    (default config.seq_len), b = micro_batch, h hidden, a heads, t = tp:
+      tensor parallel          sbh(10 + 24/t + 5as/(ht))    (t = 1: sbh(34 + 5as/h))
+      + sequence parallel      sbh(34/t + 5as/(ht))
+      selective recomputation  the 5as/(ht) term dropped
+      full recomputation       2sbh: only the layer's input is kept
+    The constants are GPT's (a 4h GELU MLP, as many key/value heads as query heads); for a
+    Llama-style config they are an approximation."""
+    _check_count("micro_batch", micro_batch)
+    _check_count("tp", tp)
+    _check_choice("recompute", recompute, RECOMPUTE)
+    s = config.seq_len if seq_len is None else _check_count("seq_len", seq_len)
+    b, h, a, t = micro_batch, config.hidden, config.heads, tp
+    if recompute == "full":
+        return 2.0 * s * b * h
+    if sequence_parallel:
+        linear_part = s * b * h * 34 / t
+    else:
+        linear_part = s * b * h * (10 + 24 / t)
+    attention_matrices = 5 * a * s * s * b / t          # = sbh · 5as/(ht)
+    if recompute == "selective":
+        return linear_part
+    return linear_part + attention_matrices
+
+
+def inflight_microbatches(pp: int, stage: int, microbatches: int,
+                          schedule: str = "1f1b") -> int:
+    """Micro-batches whose activations stage `stage` (0-based) of a pp-stage pipeline holds at
+    its peak: 1F1B min(pp − stage, m), GPipe all m (REFERENCES.md, Pipelines)."""
+    _check_count("pp", pp)
+    _check_count("microbatches", microbatches)
+    _check_choice("schedule", schedule, SCHEDULES)
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in 0..pp−1 = 0..{pp - 1}, got {stage}")
+    if schedule == "gpipe":
+        return microbatches
+    return min(pp - stage, microbatches)
+
+
+# -- cell 146
+DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model is trained on dp × tp × pp devices.
+
+    dp, tp, pp          data-, tensor- and pipeline-parallel sizes
+    zero                ZeRO stage 0–3 over the dp ranks
+    micro_batch         sequences per micro-batch, b
+    microbatches        micro-batches per step per pipeline, m (global batch = dp·b·m)
+    recompute           "none", "selective" or "full" activation recomputation
+    sequence_parallel   Megatron's sequence parallelism (changes nothing when tp = 1)
+    precision           "mixed" (16-bit weights and activations, fp32 Adam) or "fp32"
+    schedule            pipeline schedule, "1f1b" or "gpipe" (micro-batches in flight)"""
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    microbatches: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    precision: str = "mixed"
+    schedule: str = "1f1b"
+
+    def __post_init__(self):
+        for field_name in ("dp", "tp", "pp", "micro_batch", "microbatches"):
+            _check_count(field_name, getattr(self, field_name))
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        _check_choice("recompute", self.recompute, RECOMPUTE)
+        _check_choice("precision", self.precision, tuple(PRECISIONS))
+        _check_choice("schedule", self.schedule, SCHEDULES)
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step: dp · micro_batch · microbatches."""
+        return self.dp * self.micro_batch * self.microbatches
+
+    def label(self) -> str:
+        extras = [] if self.recompute == "none" else [f"{self.recompute} recompute"]
+        if self.sequence_parallel and self.tp > 1:
+            extras.append("SP")
+        return (f"dp{self.dp}·tp{self.tp}·pp{self.pp} ZeRO-{self.zero} b{self.micro_batch}"
+                + "".join(f", {extra}" for extra in extras))
+
+
+def buffer_bytes(config: TransformerConfig, layout: Layout, grads_bytes: float,
+                 bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
+    """Temporary communication buffers on one rank (an assumption, not a paper's formula):
+    with dp > 1 one gradient bucket, min(bucket_bytes, this rank's gradient bytes); with ZeRO-3
+    also the all-gathered 16-bit weights of two blocks of this tensor-parallel rank."""
+    if layout.dp == 1:
+        return 0.0
+    total = min(float(bucket_bytes), grads_bytes)
+    if layout.zero == 3:
+        block = _layer_params_per_tp_rank(config, layout.tp)
+        total += 2 * block * PRECISIONS[layout.precision].params
+    return total
+
+
+def stage_memory(config: TransformerConfig, layout: Layout, stage: int,
+                 bucket_bytes: float = DDP_BUCKET_BYTES) -> MemoryBreakdown:
+    """Bytes held by a rank of pipeline stage `stage`: ZeRO-sharded model state of its
+    `params_per_rank`, Korthikanti activations of its l/p layers times the micro-batches in
+    flight (doubled for fp32 activations), and `buffer_bytes`."""
+    check_split(config, layout.tp, layout.pp)
+    psi = params_per_rank(config, layout.tp, layout.pp, stage)
+    state = zero_model_state_bytes(psi, layout.dp, layout.zero, layout.precision)
+    per_layer = activation_bytes_per_layer(config, layout.micro_batch, layout.tp,
+                                           layout.sequence_parallel, layout.recompute)
+    if layout.precision == "fp32":
+        per_layer *= 2      # 4-byte activations (the 1-byte dropout masks double too: approximate)
+    in_flight = inflight_microbatches(layout.pp, stage, layout.microbatches, layout.schedule)
+    activations = per_layer * (config.layers // layout.pp) * in_flight
+    buffers = buffer_bytes(config, layout, state.grads, bucket_bytes)
+    return MemoryBreakdown(state.params, state.grads, state.optimizer, activations, buffers,
+                           stage)
+
+
+def memory_per_rank(config: TransformerConfig, layout: Layout,
+                    bucket_bytes: float = DDP_BUCKET_BYTES) -> MemoryBreakdown:
+    """The accountant: bytes on the most loaded rank of `layout` (the stage whose total is the
+    largest; its `stage` field says which). All numbers in bytes; `.in_gb()` for GB = 10⁹ B."""
+    stages = [stage_memory(config, layout, stage, bucket_bytes) for stage in range(layout.pp)]
+    return max(stages, key=lambda breakdown: breakdown.total)
+
+
+# -- cell 148
+from dsml.net.presets import DEVICES, LINKS
+
+
+def forward_flops_per_sequence(config: TransformerConfig, seq_len: int | None = None) -> float:
+    """FLOPs of one forward pass over one sequence of s tokens, counting only matrix products and
+    a multiply-add as 2 (Narayanan et al. 2021's counting): per layer 2s × (weights of its
+    matrices) + 4s²h (scores QKᵀ and attention over V), plus 2shV for the output head."""
+    s = config.seq_len if seq_len is None else _check_count("seq_len", seq_len)
+    h, kv, f = config.hidden, config.kv_dim, config.ffn_hidden
+    matrix_weights = 2 * h * h + 2 * h * kv + (config.mlp_in_matrices + 1) * h * f
+    per_layer = 2 * s * matrix_weights + 4 * s * s * h
+    return float(config.layers * per_layer + 2 * s * h * config.vocab)
+
+
+def training_flops(config: TransformerConfig, sequences: int, recompute: str = "none",
+                   seq_len: int | None = None) -> float:
+    """FLOPs of one training step over `sequences` sequences: the backward pass costs twice the
+    forward, so 3 × forward; full recomputation runs the layers' forward once more (not the
+    head's), selective recomputation only the attention part 4s²h per layer. For a GPT-style
+    config with full recomputation this is Narayanan et al. 2021, eq. 3:
+    96Bslh²(1 + s/(6h) + V/(16lh))."""
+    _check_count("sequences", sequences)
+    _check_choice("recompute", recompute, RECOMPUTE)
+    s = config.seq_len if seq_len is None else _check_count("seq_len", seq_len)
+    forward = forward_flops_per_sequence(config, s)
+    extra = 0.0
+    if recompute == "full":
+        extra = forward - 2 * s * config.hidden * config.vocab
+    elif recompute == "selective":
+        extra = config.layers * 4 * s * s * config.hidden
+    return sequences * (3 * forward + extra)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The throughput proxy's seconds per step, by term, and MFU (a fraction of peak)."""
+    seconds: float
+    compute_seconds: float
+    bubble_seconds: float
+    tensor_comm_seconds: float
+    data_comm_seconds: float
+    mfu: float
+
+
+def estimate_step(config: TransformerConfig, layout: Layout,
+                  device_flops: float = DEVICES["a100"].flops,
+                  intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
+                  inter_node_bandwidth: float = LINKS["ib_hdr"].bandwidth,
+                  devices_per_node: int = 8) -> StepEstimate:
+    """A throughput proxy for one training step (seconds), deliberately simple:
+    compute   training_flops(global batch, recompute) / (devices · device_flops): a perfect
+              split at peak FLOP/s
+    tensor    per micro-batch and layer, 4 ring all-reduces of the 16-bit activations 2sbh
+              (2 forward, 2 backward; 6 with full recomputation), bandwidth term 2(t−1)/t·n/B
+              (with sequence parallelism an all-gather plus a reduce-scatter moves the same)
+    bubble    (compute + tensor) × (p − 1)/m: with p stages and m micro-batches a pipeline step
+              lasts m + p − 1 micro-batch slots instead of m (1F1B and GPipe alike)
+    data      one ring all-reduce of this rank's 16-bit gradients, 2(d−1)/d·2Ψ/B (ZeRO 1–2 move
+              the same; ZeRO-3 also all-gathers the weights twice, 1.5×)
+    Nothing overlaps; α and the pipeline's sends are ignored. Ranks are placed tp innermost, then
+    dp: a group whose ranks fit in one node of `devices_per_node` uses the intra-node bandwidth,
+    else the inter-node one. mfu = 3 × forward FLOPs / (devices · device_flops · seconds)."""
+    check_split(config, layout.tp, layout.pp)
+    t, d, p, m = layout.tp, layout.dp, layout.pp, layout.microbatches
+    compute = training_flops(config, layout.global_batch, layout.recompute) / (
+        layout.devices * device_flops)
+    tp_bandwidth = intra_node_bandwidth if t <= devices_per_node else inter_node_bandwidth
+    dp_bandwidth = intra_node_bandwidth if t * d <= devices_per_node else inter_node_bandwidth
+    activation_message = 2 * config.seq_len * layout.micro_batch * config.hidden
+    collectives_per_layer = 6 if layout.recompute == "full" else 4
+    tensor = (m * (config.layers // p) * collectives_per_layer
+              * 2 * (t - 1) / t * activation_message / tp_bandwidth)
+    bubble = (compute + tensor) * (p - 1) / m
+    heaviest = max(params_per_rank(config, t, p, 0), params_per_rank(config, t, p, p - 1))
+    data = 2 * (d - 1) / d * 2 * heaviest / dp_bandwidth
+    if layout.zero == 3:
+        data *= 1.5
+    seconds = compute + tensor + bubble + data
+    model_flops = 3 * forward_flops_per_sequence(config) * layout.global_batch
+    mfu = model_flops / (layout.devices * device_flops * seconds)
+    return StepEstimate(seconds, compute, bubble, tensor, data, mfu)
+
+
+@dataclass(frozen=True)
+class LayoutResult:
+    """One layout of the search: its memory (the binding rank), its step estimate, and whether
+    it fits the device."""
+    layout: Layout
+    memory: MemoryBreakdown
+    step: StepEstimate
+    fits: bool
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
+                   device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
+                   recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
+                   only_fitting: bool = True, bucket_bytes: float = DDP_BUCKET_BYTES,
+                   **hardware) -> list[LayoutResult]:
+    """Every layout dp·tp·pp = devices (tp dividing heads, kv_heads and ffn_hidden; pp dividing
+    layers; dp·micro_batch dividing global_batch), for each micro-batch size, ZeRO stage (stages
+    above 0 only with dp > 1), recomputation and, with tp > 1, with and without sequence
+    parallelism; scored by `memory_per_rank` and `estimate_step` (`hardware`: its keyword
+    arguments). Returns those whose bytes fit in device_bytes (all if only_fitting is False),
+    fastest first."""
+    _check_count("devices", devices)
+    _check_count("global_batch", global_batch)
+    if not device_bytes > 0:
+        raise ValueError(f"device_bytes must be > 0, got {device_bytes!r}")
+    for stage in zero_stages:
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stages must hold stages 0–3, got {stage!r}")
+    results = []
+    for tp in _divisors(devices):
+        if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
+            continue
+        for pp in _divisors(devices // tp):
+            if config.layers % pp:
+                continue
+            dp = devices // (tp * pp)
+            for micro_batch in micro_batches:
+                if global_batch % (dp * micro_batch):
+                    continue
+                microbatches = global_batch // (dp * micro_batch)
+                for zero in zero_stages:
+                    if zero > 0 and dp == 1:
+                        continue        # ZeRO shards over data-parallel ranks: nothing to shard
+                    for choice in recompute:
+                        for sequence_parallel in ((False, True) if tp > 1 else (False,)):
+                            layout = Layout(dp, tp, pp, zero, micro_batch, microbatches, choice,
+                                            sequence_parallel, precision, schedule)
+                            memory = memory_per_rank(config, layout, bucket_bytes)
+                            fits = memory.total <= device_bytes
+                            if fits or not only_fitting:
+                                step = estimate_step(config, layout, **hardware)
+                                results.append(LayoutResult(layout, memory, step, fits))
+    results.sort(key=lambda result: (result.step.seconds, result.memory.total))
+    return results
+
+
+def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
+    """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
+    higher MFU than every layout that needs less memory."""
+    frontier, best_mfu = [], -1.0
+    for result in sorted(results, key=lambda r: (r.memory.total, -r.step.mfu)):
+        if result.step.mfu > best_mfu:
+            frontier.append(result)
+            best_mfu = result.step.mfu
+    return frontier

@@ -1,0 +1,223 @@
+"""Tests for week 5's checkers: each reference solution passes, each named plausible mistake
+fails with a hint, untouched stubs are "not attempted", a learner's crash becomes a ✗ instead
+of an exception, and the notebook's exercise cells match the checkers. The contract every
+week keeps is in exercise_contract; this module adds week 5's mistakes, other right answers,
+hints and cases."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import exercise_contract as contract
+from dsml.exercises.week5 import (bubble_cases, bubble_reference, gpt_shapes,
+                                  measured_tp_bytes, one_f_one_b_reference, peak_reference,
+                                  zero_reference)
+
+solution = contract.solution_module(5)
+NOTEBOOK = contract.ROOT / "notebooks" / "week5_model_and_pipeline_parallelism.ipynb"
+COUNT = 7
+
+
+# --- 5.1: tensor-parallel bytes ----------------------------------------------------------------
+
+def tp_one_allreduce(batch, seq, hidden, tp, itemsize):
+    return 2 * (tp - 1) * batch * seq * hidden * itemsize / tp
+
+
+def tp_whole_tensor_each_step(batch, seq, hidden, tp, itemsize):
+    return 2 * 2 * (tp - 1) * batch * seq * hidden * itemsize
+
+
+def tp_elements_not_bytes(batch, seq, hidden, tp, itemsize):
+    return 2 * 2 * (tp - 1) * batch * seq * hidden / tp
+
+
+# --- 5.2: bubble fraction ----------------------------------------------------------------------
+
+def bubble_over_busy(busy):
+    start = min(s for st in busy for s, _ in st)
+    end = max(e for st in busy for _, e in st)
+    work = sum(e - s for st in busy for s, e in st)
+    return (len(busy) * (end - start) - work) / work
+
+
+def bubble_per_stage_span(busy):
+    return sum(1 - sum(e - s for s, e in st) / (st[-1][1] - st[0][0]) for st in busy) / len(busy)
+
+
+def bubble_busy_share(busy):
+    return 1 - solution.bubble_fraction(busy)
+
+
+# --- 5.3: 1F1B order ---------------------------------------------------------------------------
+
+def one_f_one_b_warmup_p_minus_i(stage, stages, microbatches):
+    warmup = min(stages - stage, microbatches)
+    ops, done = [("F", j) for j in range(warmup)], 0
+    for j in range(warmup, microbatches):
+        ops += [("F", j), ("B", done)]
+        done += 1
+    return ops + [("B", j) for j in range(done, microbatches)]
+
+
+def one_f_one_b_gpipe(stage, stages, microbatches):
+    return [("F", j) for j in range(microbatches)] + [("B", j) for j in range(microbatches)]
+
+
+# --- 5.4: peak in flight -----------------------------------------------------------------------
+
+def peak_counts_forwards(ops):
+    return sum(kind == "F" for kind, _ in ops)
+
+
+def peak_before_first_backward(ops):
+    return next(k for k, (kind, _) in enumerate(ops) if kind == "B")
+
+
+# --- 5.5: ZeRO bytes ---------------------------------------------------------------------------
+
+def zero_stage2_keeps_gradients(psi, nd, stage, k):
+    return zero_reference(psi, nd, 1 if stage == 2 else stage, k)
+
+
+def zero_k_includes_weights_and_grads(psi, nd, stage, k):
+    return zero_reference(psi, nd, stage, k + 4)
+
+
+def zero_fixed_k(psi, nd, stage, k):
+    return zero_reference(psi, nd, stage, 12)
+
+
+# --- 5.6: parameter count ----------------------------------------------------------------------
+
+def gpt_narayanan(layers, hidden, vocab, positions):
+    l, h = layers, hidden
+    return 12 * l * h * h * (1 + 13 / (12 * h) + (vocab + positions) / (12 * l * h))
+
+
+def gpt_without_final_norm(layers, hidden, vocab, positions):
+    return solution.gpt_num_params(layers, hidden, vocab, positions) - 2 * hidden
+
+
+def gpt_untied_head(layers, hidden, vocab, positions):
+    return solution.gpt_num_params(layers, hidden, vocab, positions) + vocab * hidden
+
+
+def gpt_without_biases(layers, hidden, vocab, positions):
+    return solution.gpt_num_params(layers, hidden, vocab, positions) - 9 * hidden * layers
+
+
+# --- 5.7: activation bytes ---------------------------------------------------------------------
+
+def activations_keep_attention(seq, batch, hidden, heads, tp, sequence_parallel, selective):
+    return solution.activation_bytes(seq, batch, hidden, heads, tp, sequence_parallel, False)
+
+
+def activations_attention_not_split(seq, batch, hidden, heads, tp, sequence_parallel, selective):
+    linear = 34 / tp if sequence_parallel else 10 + 24 / tp
+    attention = 0 if selective else 5 * heads * seq / hidden
+    return seq * batch * hidden * (linear + attention)
+
+
+def activations_ignore_sequence_parallel(seq, batch, hidden, heads, tp, sequence_parallel,
+                                         selective):
+    return solution.activation_bytes(seq, batch, hidden, heads, tp, False, selective)
+
+
+WRONG = {
+    "5.1": [tp_one_allreduce, tp_whole_tensor_each_step, tp_elements_not_bytes],
+    "5.2": [bubble_over_busy, bubble_per_stage_span, bubble_busy_share],
+    "5.3": [one_f_one_b_warmup_p_minus_i, one_f_one_b_gpipe],
+    "5.4": [peak_counts_forwards, peak_before_first_backward],
+    "5.5": [zero_stage2_keeps_gradients, zero_k_includes_weights_and_grads, zero_fixed_k],
+    "5.6": [gpt_narayanan, gpt_without_final_norm, gpt_untied_head, gpt_without_biases],
+    "5.7": [activations_keep_attention, activations_attention_not_split,
+            activations_ignore_sequence_parallel],
+}
+
+HINT_WORDS = {
+    tp_one_allreduce: "backward", tp_whole_tensor_each_step: "blocks",
+    tp_elements_not_bytes: "itemsize",
+    bubble_over_busy: "idle ÷ busy", bubble_per_stage_span: "waiting to begin",
+    bubble_busy_share: "busy fraction",
+    one_f_one_b_warmup_p_minus_i: "warm-up forward too many", one_f_one_b_gpipe: "GPipe",
+    peak_counts_forwards: "counts every forward", peak_before_first_backward: "not always",
+    zero_stage2_keeps_gradients: "also shards the gradients",
+    zero_k_includes_weights_and_grads: "counted apart", zero_fixed_k: "k given",
+    gpt_narayanan: "approximation", gpt_without_final_norm: "final LayerNorm",
+    gpt_untied_head: "ties", gpt_without_biases: "biases",
+    activations_keep_attention: "Selective", activations_attention_not_split: "a/t heads",
+    activations_ignore_sequence_parallel: "34/t",
+}
+
+
+# Other right answers: the same quantities computed another way.
+def tp_from_blocks(batch, seq, hidden, tp, itemsize):
+    n = batch * seq * hidden * itemsize
+    return 2 * (2 * (tp - 1) * (n // tp))
+
+
+def gpt_from_shapes(layers, hidden, vocab, positions):
+    return sum(math.prod(s) for s in gpt_shapes(layers, hidden, vocab, positions))
+
+
+RIGHT = {"5.1": [tp_from_blocks], "5.6": [gpt_from_shapes]}
+
+globals().update(contract.contract_tests(5, COUNT, solution, WRONG, not_attempted_id="5.5",
+                                         right=RIGHT, hint_words=HINT_WORDS))
+
+
+# --- the references themselves -------------------------------------------------------------------
+
+def test_the_measured_bytes_are_two_ring_allreduces():
+    assert measured_tp_bytes(2, 8, 16, 4, 2) == 2 * 2 * 3 * (2 * 8 * 16 * 2) // 4
+    assert measured_tp_bytes(2, 8, 16, 1, 2) == 0
+
+
+def test_gpt2_small_from_its_shapes_is_the_published_count():
+    assert sum(math.prod(s) for s in gpt_shapes(12, 768, 50257, 1024)) == 124_439_808
+
+
+def test_the_gpipe_timeline_has_the_gpipe_bubble():
+    p, m = 4, 6
+    assert bubble_reference(bubble_cases()[0]) == pytest.approx((p - 1) / (m + p - 1), rel=1e-12)
+
+
+def test_one_f_one_b_holds_p_minus_i():
+    for p, m in [(4, 8), (4, 2), (1, 3)]:
+        for i in range(p):
+            assert peak_reference(one_f_one_b_reference(i, p, m)) == min(p - i, m)
+
+
+# --- the notebook's exercise cells ------------------------------------------------------------
+
+def test_no_stub_shadows_a_name_the_notebook_body_defines():
+    contract.assert_no_stub_shadows_the_body(
+        5, NOTEBOOK, {"tp_allreduce_bytes", "PP_STAGES", "zero_model", "DEVICE_BYTES"})
+
+
+def test_exercise_cells_match_the_checkers():
+    contract.assert_exercise_cells_match_checkers(5, contract.stub_cells(NOTEBOOK), solution)
+
+
+def test_exercise_stub_cells_print_not_attempted():
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), {"math": math})
+    contract.assert_cells_print_not_attempted(5, lines)
+
+
+def test_exercise_cells_with_solutions_print_correct():
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), {"math": math}, solution)
+    contract.assert_cells_print_correct(5, lines)
+
+
+def test_examples_in_the_statements_hold():
+    # The worked examples quote numbers; recompute them with the reference solutions.
+    assert solution.tp_mlp_bytes(1, 4, 8, 2, 2) == 128
+    assert solution.bubble_fraction([[(0, 1), (2, 3)], [(1, 2)]]) == 0.5
+    assert solution.one_f_one_b(1, 3, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                             ("B", 2)]
+    assert solution.peak_inflight(solution.one_f_one_b(1, 3, 3)) == 2
+    assert solution.zero_bytes(1e9, 4, 1, 12) == 7e9
+    assert solution.gpt_num_params(1, 4, 10, 3) == 304
+    assert solution.activation_bytes(8, 1, 16, 2, 1, False, False) == 4992

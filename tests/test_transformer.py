@@ -1,0 +1,260 @@
+"""Plumbing (hand-written): tests for dsml.train.transformer — a pre-LayerNorm GPT-2 block in NumPy
+with a hand-written backward pass (week 5, tensor parallelism).
+
+Two independent references:
+- central differences of L = Σ G ⊙ block(x) for every parameter entry and every input entry
+  (float64; relative error < 1e-7), over several shapes (one head, one token, one example);
+- PyTorch's autograd on the same block written with torch.nn.functional (layer_norm,
+  scaled_dot_product_attention with is_causal, gelu with approximate="tanh"): output, input
+  gradient and every parameter gradient to 1e-12 relative. Skipped when torch is not installed.
+The pieces (GELU, LayerNorm, attention) are also checked on their own, and bad input fails with
+an error that names the problem. Everything is seeded.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dsml.train.transformer import (TransformerBlock, block_param_shapes,
+                                    causal_attention_backward, causal_attention_forward, gelu,
+                                    gelu_grad, layer_norm_backward, layer_norm_forward)
+
+SEED = 11
+SHAPES = [  # (batch, seq, hidden, heads)
+    (2, 5, 8, 2),
+    (1, 1, 4, 1),       # one example, one token, one head
+    (3, 4, 6, 3),       # head width 2, odd sizes
+    (1, 6, 12, 4),
+]
+
+
+def perturbed_block(hidden, heads, seed, dtype=np.float64):
+    """A block whose every parameter is random (zero biases and unit LayerNorms hide bugs)."""
+    block = TransformerBlock(hidden, heads, seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed + 100)
+    for value in block.params.values():
+        value += (0.3 * rng.standard_normal(value.shape)).astype(dtype)
+    return block
+
+
+def numerical(block, x, upstream, eps=1e-6):
+    """Central differences of Σ upstream ⊙ block(x) for every parameter entry and x."""
+    def loss():
+        return float(np.sum(upstream * block.forward(x)))
+    grads = {}
+    for name, value in list(block.params.items()) + [("x", x)]:
+        g = np.zeros_like(value)
+        for index in np.ndindex(value.shape):
+            saved = value[index]
+            value[index] = saved + eps
+            up = loss()
+            value[index] = saved - eps
+            down = loss()
+            value[index] = saved
+            g[index] = (up - down) / (2 * eps)
+        grads[name] = g
+    return grads
+
+
+def relative(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(a) + np.linalg.norm(b), 1e-300)
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+def test_gelu_is_the_tanh_approximation_and_its_derivative_matches_finite_differences():
+    x = np.linspace(-6, 6, 241)
+    expected = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
+                for v in x]
+    assert np.allclose(gelu(x), expected, rtol=0, atol=1e-15)
+    eps = 1e-6
+    numeric = (gelu(x + eps) - gelu(x - eps)) / (2 * eps)
+    assert np.max(np.abs(gelu_grad(x) - numeric)) < 1e-8
+    assert gelu(np.array(0.0)) == 0.0 and abs(gelu(np.array(10.0)) - 10.0) < 1e-12
+
+
+def test_layer_norm_normalises_each_row_and_its_backward_matches_finite_differences():
+    rng = np.random.default_rng(SEED)
+    x = 3.0 + 2.0 * rng.standard_normal((2, 3, 7))
+    y, _ = layer_norm_forward(x, np.ones(7), np.zeros(7))
+    assert np.allclose(y.mean(axis=-1), 0, atol=1e-12)
+    assert np.allclose(y.var(axis=-1), 1 / (1 + 1e-5 / x.var(axis=-1)), atol=1e-12)
+    weight, bias, upstream = (rng.standard_normal(7), rng.standard_normal(7),
+                              rng.standard_normal((2, 3, 7)))
+    y, cache = layer_norm_forward(x, weight, bias)
+    dx, dweight, dbias = layer_norm_backward(upstream, cache)
+    eps = 1e-6
+    for target, analytic in ((x, dx), (weight, dweight), (bias, dbias)):
+        numeric = np.zeros_like(target)
+        for index in np.ndindex(target.shape):
+            saved = target[index]
+            target[index] = saved + eps
+            up = np.sum(upstream * layer_norm_forward(x, weight, bias)[0])
+            target[index] = saved - eps
+            down = np.sum(upstream * layer_norm_forward(x, weight, bias)[0])
+            target[index] = saved
+            numeric[index] = (up - down) / (2 * eps)
+        assert relative(analytic, numeric) < 1e-8
+
+
+def test_attention_is_causal_each_position_sees_only_itself_and_the_past():
+    rng = np.random.default_rng(SEED)
+    qkv = rng.standard_normal((2, 6, 3 * 8))
+    out, _ = causal_attention_forward(qkv, heads=2)
+    changed = qkv.copy()
+    changed[:, 4:] += 10.0 * rng.standard_normal(changed[:, 4:].shape)   # rewrite the future
+    out_changed, _ = causal_attention_forward(changed, heads=2)
+    assert np.array_equal(out[:, :4], out_changed[:, :4])
+    assert not np.allclose(out[:, 4:], out_changed[:, 4:])
+    # the first position attends only to itself: its output is its own V
+    assert np.allclose(out[:, 0], qkv[:, 0, 16:], rtol=0, atol=1e-15)
+
+
+def test_attention_backward_matches_finite_differences():
+    rng = np.random.default_rng(SEED)
+    qkv, upstream = rng.standard_normal((2, 5, 3 * 6)), rng.standard_normal((2, 5, 6))
+    _, cache = causal_attention_forward(qkv, heads=3)
+    analytic = causal_attention_backward(upstream, cache)
+    eps, numeric = 1e-6, np.zeros_like(qkv)
+    for index in np.ndindex(qkv.shape):
+        saved = qkv[index]
+        qkv[index] = saved + eps
+        up = np.sum(upstream * causal_attention_forward(qkv, 3)[0])
+        qkv[index] = saved - eps
+        down = np.sum(upstream * causal_attention_forward(qkv, 3)[0])
+        qkv[index] = saved
+        numeric[index] = (up - down) / (2 * eps)
+    assert relative(analytic, numeric) < 1e-8
+
+
+# --- the block -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch,seq,hidden,heads", SHAPES)
+def test_block_backward_matches_finite_differences(batch, seq, hidden, heads):
+    block = perturbed_block(hidden, heads, SEED)
+    rng = np.random.default_rng(SEED + hidden)
+    x, upstream = rng.standard_normal((batch, seq, hidden)), rng.standard_normal((batch, seq, hidden))
+    block.forward(x)
+    dx, grads = block.backward_with_input(upstream)
+    numeric = numerical(block, x, upstream)
+    analytic = dict(grads, x=dx)
+    assert set(analytic) == set(numeric)
+    for name in numeric:
+        assert relative(analytic[name], numeric[name]) < 1e-7, name
+
+
+def test_block_parameters_shapes_names_init_and_count():
+    block = TransformerBlock(16, 4, seed=3)
+    assert list(block.params) == list(block_param_shapes(16))
+    assert {n: p.shape for n, p in block.params.items()} == block_param_shapes(16)
+    assert all(p.dtype == np.float64 for p in block.params.values())
+    assert block.n_params() == 12 * 16**2 + 13 * 16
+    assert all(np.all(block.params[n] == 0) for n in block.params if n.endswith(".bias"))
+    assert all(np.all(block.params[n] == 1) for n in ("ln1.weight", "ln2.weight"))
+    weight = block.params["mlp.fc.weight"]
+    assert 0.015 < weight.std() < 0.025                       # GPT-2's N(0, 0.02²)
+    again = TransformerBlock(16, 4, seed=3)
+    other = TransformerBlock(16, 4, seed=4)
+    assert all(np.array_equal(block.params[n], again.params[n]) for n in block.params)
+    assert not np.array_equal(block.params["attn.qkv.weight"], other.params["attn.qkv.weight"])
+
+
+def test_frozen_parameters_get_no_gradient_and_the_others_are_unchanged():
+    block = perturbed_block(8, 2, SEED)
+    rng = np.random.default_rng(SEED)
+    x, upstream = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))
+    block.forward(x)
+    everything = block.backward(upstream)
+    block.frozen = {"ln1.bias", "attn.qkv.weight"}
+    block.forward(x)
+    some = block.backward(upstream)
+    assert list(some) == [n for n in block.params if n not in block.frozen]
+    assert all(np.array_equal(some[n], everything[n]) for n in some)
+
+
+def test_float32_block_agrees_with_float64():
+    block64 = perturbed_block(8, 2, SEED)
+    block32 = TransformerBlock(8, 2, dtype=np.float32)
+    block32.params = {n: p.astype(np.float32) for n, p in block64.params.items()}
+    rng = np.random.default_rng(SEED)
+    x, upstream = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 4, 8))
+    y32, y64 = block32.forward(x), block64.forward(x)
+    assert y32.dtype == np.float32
+    assert np.max(np.abs(y32 - y64)) < 1e-4
+    g32, g64 = block32.backward(upstream), block64.backward(upstream)
+    assert all(g32[n].dtype == np.float32 and relative(g32[n], g64[n]) < 1e-4 for n in g64)
+
+
+# --- against PyTorch --------------------------------------------------------------------------
+
+def torch_block(torch, params, x, heads):
+    """The same block in PyTorch (functional), for autograd."""
+    F = torch.nn.functional
+    batch, seq, hidden = x.shape
+    d = hidden // heads
+    a = F.layer_norm(x, (hidden,), params["ln1.weight"], params["ln1.bias"], 1e-5)
+    qkv = a @ params["attn.qkv.weight"] + params["attn.qkv.bias"]
+    q, k, v = (part.reshape(batch, seq, heads, d).transpose(1, 2)
+               for part in qkv.split(hidden, dim=-1))
+    heads_out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    heads_out = heads_out.transpose(1, 2).reshape(batch, seq, hidden)
+    a = x + heads_out @ params["attn.proj.weight"] + params["attn.proj.bias"]
+    m = F.layer_norm(a, (hidden,), params["ln2.weight"], params["ln2.bias"], 1e-5)
+    hidden4 = F.gelu(m @ params["mlp.fc.weight"] + params["mlp.fc.bias"], approximate="tanh")
+    return a + hidden4 @ params["mlp.proj.weight"] + params["mlp.proj.bias"]
+
+
+@pytest.mark.parametrize("batch,seq,hidden,heads", SHAPES + [(2, 9, 32, 8)])
+def test_block_matches_pytorch_autograd(batch, seq, hidden, heads):
+    torch = pytest.importorskip("torch")
+    block = perturbed_block(hidden, heads, SEED + seq)
+    rng = np.random.default_rng(SEED + seq)
+    x, upstream = rng.standard_normal((batch, seq, hidden)), rng.standard_normal((batch, seq, hidden))
+    y = block.forward(x)
+    dx, grads = block.backward_with_input(upstream)
+    params = {n: torch.tensor(p, dtype=torch.float64, requires_grad=True)
+              for n, p in block.params.items()}
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = torch_block(torch, params, tx, heads)
+    ty.backward(torch.tensor(upstream, dtype=torch.float64))
+    assert relative(y, ty.detach().numpy()) < 1e-12
+    assert relative(dx, tx.grad.numpy()) < 1e-12
+    for name in grads:
+        assert relative(grads[name], params[name].grad.numpy()) < 1e-12, name
+
+
+def test_gelu_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    x = np.linspace(-8, 8, 401)
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx, approximate="tanh")
+    ty.sum().backward()
+    assert np.max(np.abs(gelu(x) - ty.detach().numpy())) < 1e-14
+    assert np.max(np.abs(gelu_grad(x) - tx.grad.numpy())) < 1e-14
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_heads_must_divide_hidden_and_both_be_positive():
+    with pytest.raises(ValueError, match=r"heads \(3\) must divide hidden \(8\)"):
+        TransformerBlock(8, 3)
+    with pytest.raises(ValueError, match="heads must be an integer ≥ 1, got 0"):
+        TransformerBlock(8, 0)
+    with pytest.raises(ValueError, match="hidden must be an integer ≥ 1, got -4"):
+        TransformerBlock(-4, 2)
+
+
+def test_wrong_input_shapes_and_backward_before_forward_are_errors():
+    block = TransformerBlock(8, 2)
+    with pytest.raises(RuntimeError, match="call forward before backward"):
+        block.backward(np.zeros((1, 2, 8)))
+    with pytest.raises(ValueError, match=r"expected x of shape \(batch, seq, 8\), got \(2, 3, 6\)"):
+        block.forward(np.zeros((2, 3, 6)))
+    with pytest.raises(ValueError, match=r"expected x of shape \(batch, seq, 8\), got \(3, 8\)"):
+        block.forward(np.zeros((3, 8)))
+    block.forward(np.zeros((2, 3, 8)))
+    with pytest.raises(ValueError, match=r"dout must have the output's shape \(2, 3, 8\), "
+                                         r"got \(2, 4, 8\)"):
+        block.backward(np.zeros((2, 4, 8)))
