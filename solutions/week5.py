@@ -5,6 +5,8 @@ All of them are short: the point of each exercise is the reasoning in its statem
 """
 from __future__ import annotations
 
+from dsml.memory import GB, Layout, memory_per_rank, preset
+
 
 def tp_mlp_bytes(batch, seq, hidden, tp, itemsize):
     """Exercise 5.1: a Megatron MLP all-reduces the b·s·h activations once forward and once
@@ -64,3 +66,17 @@ def activation_bytes(seq, batch, hidden, heads, tp, sequence_parallel, selective
     linear = 34 / tp if sequence_parallel else 10 + 24 / tp
     attention = 0 if selective else 5 * heads * seq / (hidden * tp)
     return seq * batch * hidden * (linear + attention)
+
+
+def smallest_fitting_tp(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    """Exercise 5.8: try t = 1 … 8 that divide the heads, key/value heads and MLP width; the
+    first whose most loaded rank fits (selective recomputation, sequence parallelism)."""
+    config = preset(model)
+    for tp in range(1, 9):
+        if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
+            continue
+        layout = Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
+                        microbatches=microbatches, recompute="selective", sequence_parallel=True)
+        if memory_per_rank(config, layout).total <= device_gb * GB:
+            return tp
+    return None

@@ -16,7 +16,7 @@ from dsml.exercises.week5 import (bubble_cases, bubble_reference, gpt_shapes,
 
 solution = contract.solution_module(5)
 NOTEBOOK = contract.ROOT / "notebooks" / "week5_model_and_pipeline_parallelism.ipynb"
-COUNT = 7
+COUNT = 8
 
 
 # --- 5.1: tensor-parallel bytes ----------------------------------------------------------------
@@ -125,6 +125,41 @@ def activations_ignore_sequence_parallel(seq, batch, hidden, heads, tp, sequence
     return solution.activation_bytes(seq, batch, hidden, heads, tp, False, selective)
 
 
+# --- 5.8: the layout that fits -------------------------------------------------------------------
+
+def _tp_loop(model, dp, pp, zero, micro_batch, microbatches, device_gb, sizes, fits):
+    from dsml.memory import preset
+    config = preset(model)
+    for tp in sizes:
+        if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
+            continue
+        if fits(config, tp):
+            return tp
+    return None
+
+
+def fit_model_state_only(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    from dsml.memory import GB, params_per_rank, zero_model_state_bytes
+    return _tp_loop(model, dp, pp, zero, micro_batch, microbatches, device_gb, range(1, 9),
+                    lambda c, tp: zero_model_state_bytes(params_per_rank(c, tp, pp, 0), dp,
+                                                         zero).total <= device_gb * GB)
+
+
+def fit_powers_of_two(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    from dsml.memory import GB, Layout, memory_per_rank
+    return _tp_loop(model, dp, pp, zero, micro_batch, microbatches, device_gb, (1, 2, 4, 8),
+                    lambda c, tp: memory_per_rank(c, Layout(
+                        dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
+                        microbatches=microbatches, recompute="selective",
+                        sequence_parallel=True)).total <= device_gb * GB)
+
+
+def fit_largest(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    answer = solution.smallest_fitting_tp(model, dp, pp, zero, micro_batch, microbatches,
+                                          device_gb)
+    return None if answer is None else 8 if model.startswith("llama") else answer
+
+
 WRONG = {
     "5.1": [tp_one_allreduce, tp_whole_tensor_each_step, tp_elements_not_bytes],
     "5.2": [bubble_over_busy, bubble_per_stage_span, bubble_busy_share],
@@ -134,6 +169,7 @@ WRONG = {
     "5.6": [gpt_narayanan, gpt_without_final_norm, gpt_untied_head, gpt_without_biases],
     "5.7": [activations_keep_attention, activations_attention_not_split,
             activations_ignore_sequence_parallel],
+    "5.8": [fit_model_state_only, fit_powers_of_two, fit_largest],
 }
 
 HINT_WORDS = {
@@ -149,6 +185,8 @@ HINT_WORDS = {
     gpt_untied_head: "ties", gpt_without_biases: "biases",
     activations_keep_attention: "Selective", activations_attention_not_split: "a/t heads",
     activations_ignore_sequence_parallel: "34/t",
+    fit_model_state_only: "activations", fit_powers_of_two: "not only powers of two",
+    fit_largest: "smaller t fits",
 }
 
 
@@ -194,20 +232,29 @@ def test_one_f_one_b_holds_p_minus_i():
 
 def test_no_stub_shadows_a_name_the_notebook_body_defines():
     contract.assert_no_stub_shadows_the_body(
-        5, NOTEBOOK, {"tp_allreduce_bytes", "PP_STAGES", "zero_model", "DEVICE_BYTES"})
+        5, NOTEBOOK, {"tp_allreduce_bytes", "PP_STAGES", "zero_model", "DEVICE_BYTES",
+                      "memory_per_rank", "Layout", "preset"})
 
 
 def test_exercise_cells_match_the_checkers():
     contract.assert_exercise_cells_match_checkers(5, contract.stub_cells(NOTEBOOK), solution)
 
 
+def notebook_namespace() -> dict:
+    """The names the exercise cells use from the notebook above them (section 4's accountant)."""
+    from dsml.memory import GB, Layout, memory_per_rank, preset
+    return {"math": math, "GB": GB, "Layout": Layout, "memory_per_rank": memory_per_rank,
+            "preset": preset}
+
+
 def test_exercise_stub_cells_print_not_attempted():
-    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), {"math": math})
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), notebook_namespace())
     contract.assert_cells_print_not_attempted(5, lines)
 
 
 def test_exercise_cells_with_solutions_print_correct():
-    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), {"math": math}, solution)
+    lines = contract.run_exercise_cells(contract.stub_cells(NOTEBOOK), notebook_namespace(),
+                                        solution)
     contract.assert_cells_print_correct(5, lines)
 
 
@@ -221,3 +268,9 @@ def test_examples_in_the_statements_hold():
     assert solution.zero_bytes(1e9, 4, 1, 12) == 7e9
     assert solution.gpt_num_params(1, 4, 10, 3) == 304
     assert solution.activation_bytes(8, 1, 16, 2, 1, False, False) == 4992
+    assert solution.smallest_fitting_tp("llama2-13b", 4, 1, 1, 1, 8, 80) == 2
+    from dsml.memory import GB, Layout, memory_per_rank, preset
+    held = [memory_per_rank(preset("llama2-13b"), Layout(
+        dp=4, tp=tp, zero=1, microbatches=8, recompute="selective", sequence_parallel=True)).total
+        for tp in (1, 2)]
+    assert [round(h / GB, -1) for h in held] == [120, 60]

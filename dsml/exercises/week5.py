@@ -8,9 +8,11 @@ a parameter count is the sum of the sizes of the tensors a GPT-2-style model all
 shape by shape. The rest are held against exact references written here: the bubble fraction
 of a timeline, the 1F1B order of one stage (warm-up, steady state, cool-down), the peak number
 of micro-batches in flight, the ZeRO bytes per rank, and the activation bytes of Korthikanti et
-al. (2022).
+al. (2022). The layout that fits is found by trying every tensor-parallel size with the week's
+memory accountant (`dsml.memory`).
 
-This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`),
+This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
+`dsml.memory`),
 never the top-level `dsml` package, which sits above it.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dsml.collectives.allreduce import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import Wrong, as_float, checker
+from dsml.memory import GB, Layout, memory_per_rank, params_per_rank, preset, zero_model_state_bytes
 from dsml.net.alphabeta import AlphaBeta
 
 
@@ -397,3 +400,79 @@ def check_activation_bytes(activation_bytes):
                       "10 + 24/t with sequence parallelism; selective drops the 5as term.")
         raise Wrong(f"{call} returned {got:.6g} B, expected {expected:.6g} B. {advice}")
     return "with and without sequence parallelism and selective recomputation"
+
+
+# --- 5.8: the smallest tensor-parallel size that fits ---------------------------------------------
+
+# (model, dp, pp, zero stage, micro-batch, micro-batches, device GB): answers 1, 2, 4, 5 and None.
+FIT_CASES = [("llama2-7b", 8, 1, 1, 1, 8, 80), ("llama2-70b", 8, 4, 1, 1, 16, 80),
+             ("gpt2-xl", 1, 1, 0, 8, 1, 40), ("llama2-70b", 1, 1, 0, 1, 1, 80),
+             ("llama2-13b", 2, 1, 0, 2, 4, 80), ("gpt2-large", 2, 1, 0, 16, 2, 24),
+             ("llama2-70b", 16, 8, 3, 1, 32, 80)]
+
+
+def _allowed_tp(config) -> list:
+    """Tensor-parallel sizes of one node (≤ 8) that split heads, key/value heads and MLP."""
+    return [t for t in range(1, 9)
+            if config.heads % t == 0 and config.kv_heads % t == 0 and config.ffn_hidden % t == 0]
+
+
+def _fit_layout(dp, tp, pp, zero, micro_batch, microbatches) -> Layout:
+    return Layout(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=micro_batch,
+                  microbatches=microbatches, recompute="selective", sequence_parallel=True)
+
+
+def smallest_fitting_tp_reference(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    config = preset(model)
+    for tp in _allowed_tp(config):
+        layout = _fit_layout(dp, tp, pp, zero, micro_batch, microbatches)
+        if memory_per_rank(config, layout).total <= device_gb * GB:
+            return tp
+    return None
+
+
+def _state_only_answer(model, dp, pp, zero, micro_batch, microbatches, device_gb):
+    """The mistake of counting model state alone (no activations, no buffers)."""
+    config = preset(model)
+    for tp in _allowed_tp(config):
+        state = zero_model_state_bytes(params_per_rank(config, tp, pp, 0), dp, zero).total
+        if state <= device_gb * GB:
+            return tp
+    return None
+
+
+@checker("5.8", "the smallest tensor-parallel size that fits")
+def check_smallest_fitting_tp(smallest_fitting_tp):
+    for case in FIT_CASES:
+        expected = smallest_fitting_tp_reference(*case)
+        model, dp, pp, zero, b, m, gb = case
+        call = (f"smallest_fitting_tp({model!r}, dp={dp}, pp={pp}, zero={zero}, micro_batch={b}, "
+                f"microbatches={m}, device_gb={gb})")
+        got = smallest_fitting_tp(*case)
+        if got is not None:
+            got = int(as_float(got, call))
+        if got == expected:
+            continue
+        config = preset(model)
+        if expected is None:
+            advice = (f"No t ≤ 8 fits: even t = {_allowed_tp(config)[-1]} leaves the most loaded "
+                      f"rank above {gb} GB; return None.")
+        elif got is None:
+            advice = (f"t = {expected} fits. Try every t ≤ 8 that divides the model's "
+                      f"{config.heads} query heads, {config.kv_heads} key/value heads and "
+                      f"{config.ffn_hidden} MLP columns — not only powers of two.")
+        elif got not in _allowed_tp(config):
+            advice = (f"t = {got} does not split the model: t must divide its {config.heads} query "
+                      f"heads, {config.kv_heads} key/value heads and {config.ffn_hidden} MLP columns.")
+        elif got == _state_only_answer(*case):
+            advice = ("That t fits the model state alone; the activations (selective "
+                      "recomputation, the in-flight micro-batches) and buffers count too: use "
+                      "memory_per_rank's total.")
+        elif got is not None and got > expected:
+            advice = ("A smaller t fits already: try the sizes from the smallest up (every extra "
+                      "tensor-parallel rank costs an all-reduce per layer).")
+        else:
+            advice = (f"Try t = 1, 2, … 8 that split the model; with t = {got} the most loaded rank "
+                      f"holds more than {gb} GB (10⁹ B).")
+        raise Wrong(f"{call} returned {got!r}, expected {expected!r}. {advice}")
+    return "right on seven layouts, including one where nothing fits"
