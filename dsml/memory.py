@@ -325,7 +325,8 @@ def check_split(config: TransformerConfig, tp: int, pp: int) -> None:
         if value % tp:
             raise ValueError(f"tp must divide {field_name}: tp={tp}, {field_name}={value}")
     if config.layers % pp:
-        raise ValueError(f"pp must divide layers: pp={pp}, layers={config.layers}")
+        raise ValueError(f"pp must divide layers (each stage holds layers/pp whole blocks): "
+                         f"pp={pp}, layers={config.layers}")
 
 
 def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.ndarray:
@@ -742,6 +743,12 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     for stage in zero_stages:
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stages must hold stages 0–3, got {stage!r}")
+    for micro_batch in micro_batches:
+        _check_count("micro_batches", micro_batch)
+    for choice in recompute:
+        _check_choice("recompute", choice, RECOMPUTE)
+    _check_choice("precision", precision, tuple(PRECISIONS))
+    _check_choice("schedule", schedule, SCHEDULES)
     results = []
     for tp in _divisors(devices):
         if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
