@@ -1,0 +1,391 @@
+"""Plumbing (hand-written): tests for dsml.elastic — data-parallel SGD that survives ranks
+leaving (crashing) and joining (week 6).
+
+The independent reference is one process taking whole global batches (`serial_reference`
+below: loss_and_grads and optimizer.step, nothing else) over the schedule the test derives
+itself from the membership of each committed step: the global batch and learning rate from the
+stated rule, the data cursor as the running sum of the global batches. Against it:
+- without failures, any number of ranks (1–5, spares idle) gives the serial model;
+- after crashes at any point (start of a step, after a gradient is sent, a leader half-way
+  through its broadcast, inside a rendezvous, a state source dying), with both restore modes
+  and both rules, and after spares join: the run finishes, every finished rank holds the same
+  bits, the samples counted from the actual shards equal what the memberships imply, the data
+  stream is consumed in order with nothing skipped or repeated, and the model equals the serial
+  run over the same schedule (relative 1e-12: the leader adds shard sums in another order);
+- seeded random crash schedules (hypothesis) keep all of this;
+- what is lost is what the restore mode says: the steps since the last checkpoint, or none;
+- all ranks failing, the last survivor failing, a spare left alone: a clear TrainingLost;
+- bad input fails with an error that names the argument.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsml.comm.run import run
+from dsml.data_parallel import shard_bounds
+from dsml.elastic import (TrainingLost, check_crashes, elastic_outcome, elastic_train, replay,
+                          scaled, stream_batch)
+from dsml.net import AlphaBeta
+from dsml.train import MLP, gaussian_mixture, loss_and_grads
+from dsml.train.optim import SGD, Adam
+
+NET = AlphaBeta(1e-5, 1e-9)
+TOLERANCE = 1e-12
+X, Y = gaussian_mixture(90, classes=3, dim=4, seed=3)     # 90: passes wrap inside batches
+MODEL = MLP((4, 8, 3), seed=1)
+SEED = 7
+
+
+def elastic(world, engine="sim", optimizer=None, **kwargs):
+    kwargs.setdefault("steps", 10)
+    kwargs.setdefault("batch", 12)
+    kwargs.setdefault("lr", 0.05)
+    kwargs.setdefault("seed", SEED)
+    optimizer = optimizer or Adam(0.05)
+    network = NET if engine == "sim" else None
+    return run(elastic_train, world, engine=engine, network=network, failures="notify",
+               args=(MODEL, optimizer, X, Y), kwargs=kwargs, timeout=60.0)
+
+
+def serial_reference(memberships, rule, batch, lr, optimizer=None, initial=None):
+    """One process: for each committed step's membership size, the whole global batch the rule
+    gives, read from the stream at the running cursor. Returns (params, samples)."""
+    model, optimizer = copy.deepcopy(MODEL), copy.deepcopy(optimizer or Adam(0.05))
+    initial = initial or memberships[0]
+    cursor = 0
+    for members in memberships:
+        if rule == "global":
+            size, step_lr = batch, lr
+        else:
+            size, step_lr = batch * members, lr * members / initial
+        chosen = stream_batch(len(X), cursor, size, SEED)
+        _, grads = loss_and_grads(model, X[chosen], Y[chosen])
+        optimizer.lr = step_lr
+        optimizer.step(model.params, grads)
+        cursor += size
+    return model.params, cursor
+
+
+def assert_close(a, b):
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=TOLERANCE, atol=1e-14, err_msg=name)
+
+
+def check_run(result, rule="global", batch=12, lr=0.05, steps=10, optimizer=None,
+              initial=None):
+    """Everything a finished run must satisfy; returns the outcome."""
+    outcome = elastic_outcome(result)       # raises unless finished ranks agree bit for bit
+    history = outcome["history"]
+    assert [h["step"] for h in history] == list(range(steps))
+    cursor = 0
+    for h in history:
+        size = batch if rule == "global" else batch * len(h["members"])
+        # samples counted from the shards the ranks actually computed on
+        assert sum(h["shard_sizes"]) == size, h
+        assert h["shard_sizes"] == [
+            b - a for a, b in (shard_bounds(size, len(h["members"]), k)
+                               for k in range(len(h["members"])))]
+        assert h["cursor"] == cursor            # the stream is read on, nothing skipped
+        cursor += size
+    memberships = [len(h["members"]) for h in history]
+    params, samples = serial_reference(memberships, rule, batch, lr, optimizer, initial)
+    assert samples == cursor
+    assert_close(outcome["params"], params)
+    for rank in outcome["ranks"]:              # every finished rank: the same final cursor
+        assert result.values[rank]["cursor"] == samples
+    return outcome
+
+
+# --- pieces ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,start,size", [(7, 0, 30), (10, 3, 17), (1, 0, 5), (5, 4, 0)])
+def test_stream_is_passes_of_permutations_and_concatenates(n, start, size):
+    whole = stream_batch(n, 0, start + size, seed=2)
+    assert np.array_equal(np.concatenate([stream_batch(n, 0, start, 2),
+                                          stream_batch(n, start, size, 2)]), whole)
+    for p in range(len(whole) // n):
+        assert sorted(whole[p * n:(p + 1) * n]) == list(range(n))
+
+
+def test_scaling_rules():
+    assert scaled("global", 32, 0.1, 3, 4) == (32, 0.1)
+    assert scaled("linear", 8, 0.1, 3, 4) == (24, pytest.approx(0.075))
+    assert scaled("linear", 8, 0.1, 6, 4) == (48, pytest.approx(0.15))
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: scaled("sqrt", 8, 0.1, 2, 2), "rule must be one of"),
+    (lambda: scaled("global", 0, 0.1, 2, 2), "batch=0"),
+    (lambda: check_crashes({5: ("step", 1)}, 4), "rank 5 is not in 0..3"),
+    (lambda: check_crashes({1: ("sometime", 1)}, 4), "crashes\\[1\\] must be"),
+    (lambda: check_crashes({1: ("step", -1)}, 4), "crashes\\[1\\] must be"),
+    (lambda: stream_batch(0, 0, 3, 1), "n_examples"),
+])
+def test_bad_input_names_the_argument(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"members": [0, 1], "joins": {1: 3}}, "must be disjoint"),
+    ({"restore": "disk"}, "restore must be one of"),
+    ({"rule": "sqrt"}, "rule must be one of"),
+    ({"checkpoint_every": 0}, "checkpoint_every=0"),
+])
+def test_bad_arguments_fail_on_every_rank(kwargs, message):
+    result = elastic(3, **kwargs)
+    assert sorted(result.failed) == [0, 1, 2]
+    assert all(message in str(error) for error in result.failed.values()) or \
+        pytest.fail(str(result.failed))
+
+
+# --- no failures ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+@pytest.mark.parametrize("rule", ["global", "linear"])
+def test_without_failures_equals_serial_run(world, rule):
+    result = elastic(world, rule=rule, batch=7)
+    outcome = check_run(result, rule=rule, batch=7)
+    assert outcome["ranks"] == list(range(world)) and not result.failed
+    assert [r["reason"] for r in outcome["rendezvous"]] == ["finish"]
+
+
+def test_sgd_momentum_state_survives_a_restore():
+    optimizer = SGD(0.05, momentum=0.9)
+    result = elastic(4, optimizer=optimizer, crashes={2: ("step", 6)})
+    check_run(result, optimizer=optimizer)
+
+
+# --- ranks leave ----------------------------------------------------------------------------
+
+def test_worker_crash_rolls_back_to_checkpoint_and_loses_only_that():
+    result = elastic(4, crashes={2: ("step", 7)}, checkpoint_every=4)
+    outcome = check_run(result)
+    assert sorted(result.failed) == [2] and outcome["ranks"] == [0, 1, 3]
+    failure = outcome["rendezvous"][0]
+    # crashed at the start of step 7; checkpoints at steps 0, 4, 8: steps 4, 5, 6 are lost
+    assert (failure["reason"], failure["resume_step"], failure["lost_steps"]) == \
+        ("failure", 4, 3)
+    assert [len(h["members"]) for h in outcome["history"]] == [4] * 4 + [3] * 6
+
+
+def test_measured_work_departs_from_the_schedule_by_the_lost_steps():
+    """The memberships imply each survivor's committed samples; the survivors measured more
+    work: steps 4–6 were rolled back and the first attempt at step 7 (in flight when rank 2
+    was found dead) was thrown away — four shards of 12 / 4 = 3 samples each."""
+    result = elastic(4, crashes={2: ("step", 7)}, checkpoint_every=4)
+    outcome = check_run(result)
+    committed = {r: sum(h["shard_sizes"][h["members"].index(r)] for h in outcome["history"])
+                 for r in outcome["ranks"]}
+    measured = outcome["computed_samples"]
+    assert all(measured[r] == committed[r] + 4 * 3 for r in outcome["ranks"]), (measured,
+                                                                                 committed)
+
+
+def test_replica_restore_loses_nothing():
+    result = elastic(4, crashes={2: ("step", 7)}, restore="replica")
+    outcome = check_run(result)
+    failure = outcome["rendezvous"][0]
+    assert (failure["resume_step"], failure["lost_steps"], failure["restored_from"]) == \
+        (7, 0, "live")
+    assert [len(h["members"]) for h in outcome["history"]] == [4] * 7 + [3] * 3
+
+
+@pytest.mark.parametrize("restore", ["checkpoint", "replica"])
+def test_leader_crash_half_way_through_its_reply(restore):
+    """Rank 0 sends step 5's result to ranks 3 and 2 and dies: 1 (the new leader) is a step
+    behind them."""
+    result = elastic(4, crashes={0: ("reply", 5)}, restore=restore, checkpoint_every=4)
+    outcome = check_run(result)
+    failure = outcome["rendezvous"][0]
+    assert failure["leader"] == 1 and failure["members"] == [1, 2, 3]
+    assert failure["resume_step"] == (6 if restore == "replica" else 4)
+
+
+def test_latest_checkpoint_is_the_newest_any_survivor_holds():
+    """With checkpoints every 3 steps, ranks 3 and 2 took step 5's result and checkpointed at
+    step 6; rank 1 (the new leader, still at step 5) holds only step 3's: 6 is restored."""
+    result = elastic(4, crashes={0: ("reply", 5)}, checkpoint_every=3)
+    failure = check_run(result)["rendezvous"][0]
+    assert (failure["resume_step"], failure["restored_from"]) == (6, "checkpoint")
+
+
+def test_worker_crash_after_sending_its_gradient_counts_its_step():
+    result = elastic(3, crashes={2: ("reply", 4)}, restore="replica")
+    outcome = check_run(result)
+    assert outcome["history"][4]["members"] == [0, 1, 2]       # its step committed
+    assert outcome["history"][5]["members"] == [0, 1]
+
+
+def test_detection_delay_is_paid_per_detected_failure():
+    fast = elastic(4, crashes={2: ("step", 5)}, seconds_per_sample=1e-4)
+    slow = elastic(4, crashes={2: ("step", 5)}, seconds_per_sample=1e-4, detect_seconds=0.5)
+    assert_close(elastic_outcome(fast)["params"], elastic_outcome(slow)["params"])
+    # one detection (the leader's receive from rank 2); the workers learn it from the leader
+    assert slow.time - fast.time == pytest.approx(0.5, abs=1e-9)
+
+
+# --- failures during the rendezvous ---------------------------------------------------------
+
+def test_worker_dies_after_reporting_and_is_dropped_next_round():
+    # rank 3 reports in the rendezvous that makes epoch 1 and dies: it is in epoch 1's
+    # membership, and the next step finds it gone
+    result = elastic(4, crashes={1: ("step", 3), 3: ("rendezvous", 1)})
+    outcome = check_run(result)
+    epochs = {r["epoch"]: r["members"] for r in outcome["rendezvous"]}
+    assert epochs[1] == [0, 2, 3] and epochs[2] == [0, 2]
+
+
+def test_leader_dies_half_way_through_the_membership_broadcast():
+    result = elastic(5, crashes={1: ("step", 3), 0: ("rendezvous", 1)})
+    outcome = check_run(result)
+    assert sorted(result.failed) == [0, 1]
+    first, second = outcome["rendezvous"][:2]
+    # rank 2 got epoch 1 from rank 0 before rank 0 died; epoch 2 is rank 2's
+    assert (first["leader"], first["members"]) == (0, [0, 2, 3, 4])
+    assert (second["leader"], second["members"]) == (2, [2, 3, 4])
+
+
+def test_state_source_dies_when_asked():
+    """Replica restore: leader 0 gives step 5's result to 4 and 3, then dies; rank 1 leads,
+    lacks step 6 and asks rank 3 (the most senior holder), which reported and died: rank 4's
+    copy is used instead."""
+    result = elastic(5, crashes={0: ("reply", 5), 3: ("rendezvous", 1)}, restore="replica")
+    outcome = check_run(result)
+    assert sorted(result.failed) == [0, 3]
+    first = outcome["rendezvous"][0]
+    assert first["resume_step"] == 6 and first["members"] == [1, 2, 4]
+
+
+# --- ranks join -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["global", "linear"])
+def test_spare_joins_and_gets_the_state(rule):
+    result = elastic(4, rule=rule, joins={3: 4}, batch=6)
+    outcome = check_run(result, rule=rule, batch=6)
+    assert outcome["ranks"] == [0, 1, 2, 3]
+    assert [len(h["members"]) for h in outcome["history"]] == [3] * 4 + [4] * 6
+    join = outcome["rendezvous"][0]
+    assert (join["reason"], join["joined"], join["lost_steps"]) == ("join", [3], 0)
+
+
+def test_spare_whose_first_contact_died_joins_without_a_rollback():
+    """The spare's join request went to rank 0, which crashed; it asks rank 1 instead. Its
+    lost contact is no failure of the members: the join keeps the live state."""
+    result = elastic(4, joins={3: 6}, crashes={0: ("step", 2)}, checkpoint_every=4)
+    outcome = check_run(result)
+    join = next(r for r in outcome["rendezvous"] if r["joined"])
+    assert (join["reason"], join["restored_from"], join["lost_steps"]) == ("join", "live", 0)
+    assert join["resume_step"] == 6 and join["leader"] == 1
+
+
+def test_spare_replaces_a_crashed_rank_and_late_spare_is_turned_away():
+    result = elastic(5, joins={3: 6, 4: 50}, crashes={1: ("step", 2)})
+    outcome = check_run(result)
+    assert outcome["ranks"] == [0, 2, 3]
+    assert result.values[4]["status"] == "stopped"
+    assert "finished before this rank joined" in result.values[4]["outcome"]
+
+
+def test_idle_rank_outside_members_and_spares():
+    result = elastic(3, members=[0, 1])
+    assert result.values[2] == {"status": "idle", "rank": 2}
+    check_run(result)
+
+
+# --- random kills ---------------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), restore=st.sampled_from(["checkpoint", "replica"]),
+       rule=st.sampled_from(["global", "linear"]))
+def test_random_crashes_lose_nothing_beyond_the_checkpoint(seed, restore, rule):
+    """Up to three of ranks 1–5 crash at random points (rank 0 never does, so someone finishes);
+    a spare (rank 6) may join."""
+    rng = np.random.default_rng(seed)
+    victims = rng.choice(np.arange(1, 6), size=rng.integers(1, 4), replace=False)
+    crashes = {}
+    for rank in victims:
+        point = ["step", "reply", "rendezvous"][rng.integers(3)]
+        crashes[int(rank)] = (point, int(rng.integers(1, 4) if point == "rendezvous"
+                                         else rng.integers(0, 10)))
+    joins = {6: int(rng.integers(0, 12))}
+    result = elastic(7, joins=joins, crashes=crashes, restore=restore, rule=rule, batch=5,
+                     checkpoint_every=3)
+    outcome = check_run(result, rule=rule, batch=5, initial=6)
+    assert set(result.failed) <= set(crashes)
+    assert 0 in outcome["ranks"]
+    for record in outcome["rendezvous"]:
+        if restore == "replica":
+            assert record["lost_steps"] <= 1
+        else:
+            assert record["lost_steps"] <= 3        # checkpoint_every
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_any_rank_may_crash_and_the_run_never_hangs(seed):
+    """Any rank, leaders and spares included, may crash anywhere: the run either finishes with
+    every check above holding or ends with TrainingLost — never a deadlock (which the simulator
+    would raise) and never a disagreement between finished ranks."""
+    rng = np.random.default_rng(seed)
+    world, spares = int(rng.integers(2, 6)), int(rng.integers(0, 3))
+    victims = rng.choice(world + spares, size=int(rng.integers(1, world + spares + 1)),
+                         replace=False)
+    crashes = {}
+    for rank in victims:
+        point = ["step", "reply", "rendezvous"][rng.integers(3)]
+        crashes[int(rank)] = (point, int(rng.integers(1, 5) if point == "rendezvous"
+                                         else rng.integers(0, 10)))
+    joins = {world + k: int(rng.integers(0, 12)) for k in range(spares)}
+    restore, rule = ["checkpoint", "replica"][seed % 2], ["global", "linear"][seed // 2 % 2]
+    result = elastic(world + spares, joins=joins, crashes=crashes, restore=restore, rule=rule,
+                     batch=5, checkpoint_every=3)
+    assert set(result.failed) <= set(crashes)
+    try:
+        check_run(result, rule=rule, batch=5, initial=world)
+    except TrainingLost as lost:
+        assert "no rank finished" in str(lost)
+
+
+# --- everyone fails -------------------------------------------------------------------------
+
+def test_all_ranks_failing_at_once_is_reported():
+    result = elastic(4, crashes={r: ("step", 3) for r in range(4)})
+    with pytest.raises(TrainingLost, match=r"no rank finished.*rank 0.*rank 3"):
+        elastic_outcome(result)
+
+
+def test_last_survivor_failing_is_reported():
+    result = elastic(3, crashes={0: ("step", 2), 1: ("step", 4), 2: ("step", 6)})
+    with pytest.raises(TrainingLost, match="rank 2 crashed at step 6"):
+        elastic_outcome(result)
+
+
+def test_spare_left_alone_stops_with_a_reason():
+    result = elastic(3, joins={2: 8}, crashes={0: ("step", 3), 1: ("step", 3)})
+    assert result.values[2]["status"] == "stopped"
+    with pytest.raises(TrainingLost, match="no surviving replica or checkpoint"):
+        elastic_outcome(result)
+
+
+# --- a real engine --------------------------------------------------------------------------
+
+def test_threads_engine_crash_and_join():
+    result = elastic(4, engine="threads", joins={3: 5}, crashes={1: ("step", 3)})
+    outcome = check_run(result)
+    assert outcome["ranks"] == [0, 2, 3] and sorted(result.failed) == [1]
+    sim = elastic(4, joins={3: 5}, crashes={1: ("step", 3)})
+    assert elastic_outcome(sim)["history"] == outcome["history"]
+
+
+def test_replay_is_the_serial_reference():
+    result = elastic(4, crashes={2: ("step", 5)}, joins={}, rule="linear")
+    outcome = check_run(result, rule="linear")
+    model = copy.deepcopy(MODEL)
+    replay(model, Adam(0.05), X, Y, outcome["history"], seed=SEED)
+    assert_close(outcome["params"], model.params)
