@@ -27,6 +27,7 @@ LAYERS = {
     "dsml.checkpoint": 6,
     "dsml.elastic": 6,
     "dsml.compression": 6,
+    "dsml.capstone": 6,
     "dsml.viz": 7,
     "dsml.exercises": 8,
     "dsml.cli": 9,
