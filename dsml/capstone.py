@@ -1,5 +1,10 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.compression import Compressor, ErrorFeedback, PowerSGD, TopK
+from dsml.elastic import DOWN, ElasticRank, InjectedCrash, UP, check_membership, elastic_outcome
+from dsml.fault import FailureSchedule, young_interval
+
 
 # -- cell 180
 import math
@@ -8,10 +13,6 @@ import numpy as np
 
 from dsml.collectives import Group, allreduce
 from dsml.comm.failures import PeerFailed
-from dsml.compression import Compressor, ErrorFeedback, PowerSGD, TopK
-from dsml.elastic import (DOWN, RESTORES, UP, ElasticRank, InjectedCrash, elastic_outcome,
-                          scaled)
-from dsml.fault import FailureSchedule, young_interval
 from dsml.train.models import accuracy
 from dsml.utils import add_to_class
 
@@ -265,20 +266,8 @@ def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, bat
         raise ValueError(f"failures schedule covers {failures.world_size} ranks, the run has "
                          f"{comm.size}")
     crash_time = failures.next_failure(comm.rank) if failures is not None else math.inf
-    joins = dict(joins or {})
-    if members is None:
-        members = [r for r in range(comm.size) if r not in joins]
-    members = sorted(members)
-    if not members or set(members) & set(joins) or not set(members) | set(joins) <= \
-            set(range(comm.size)):
-        raise ValueError(f"members {members} and spares {sorted(joins)} must be disjoint, "
-                         f"non-empty members, all in 0..{comm.size - 1}")
-    if steps < 0 or batch < 1 or checkpoint_every < 1:
-        raise ValueError(f"need steps ≥ 0, batch ≥ 1 and checkpoint_every ≥ 1, got steps="
-                         f"{steps}, batch={batch}, checkpoint_every={checkpoint_every}")
-    scaled(rule, batch, lr, 1, 1)            # validates rule
-    if restore not in RESTORES:
-        raise ValueError(f"restore must be one of {RESTORES}, got {restore!r}")
+    members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
+                                      checkpoint_every)
     rank = CapstoneRank(comm, model, optimizer, X, y, X_test, y_test, steps, batch, lr, members,
                         joins, rule, restore, checkpoint_every, checkpoint_seconds, crash_time,
                         compute_factors, compressor, compressor_setting, seconds_per_sample,

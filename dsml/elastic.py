@@ -448,20 +448,10 @@ def run_rank(self):
             "computed_samples": self.computed_samples}
 
 
-def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
-                  members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
-                  checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
-                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy"):
-    """Rank program (run with failures="notify"): data-parallel SGD that survives ranks
-    leaving and joining. `steps` optimizer steps over a seeded stream of X, y (stream_batch);
-    `members` the ranks that start (default: all but the spares), `joins` = {spare rank: step}
-    — a spare is admitted at the first step boundary ≥ that step. `rule` rescales batch and
-    lr per membership (scaled); `restore` says what a failure resumes from: "checkpoint" (the
-    in-memory checkpoint, taken every `checkpoint_every` steps and at every new membership:
-    the steps since are lost) or "replica" (the most advanced surviving replica: only the
-    step in flight is lost). `crashes` = {rank: (point, number)} (check_crashes).
-    `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
-    heartbeat timeout adds to each detected failure. Returns a dict (see ElasticRank.run)."""
+def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
+                     checkpoint_every) -> tuple[list, dict]:
+    """The starting members (default: every rank that is not a spare) and spares {rank: step},
+    checked with the run's sizes, rule and restore mode; clear errors for anything else."""
     joins = dict(joins or {})
     if members is None:
         members = [r for r in range(comm.size) if r not in joins]
@@ -476,6 +466,25 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     if restore not in RESTORES:
         raise ValueError(f"restore must be one of {RESTORES}, got {restore!r}")
     scaled(rule, batch, lr, 1, 1)            # validates rule
+    return members, joins
+
+
+def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
+                  members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
+                  checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
+                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy"):
+    """Rank program (run with failures="notify"): data-parallel SGD that survives ranks
+    leaving and joining. `steps` optimizer steps over a seeded stream of X, y (stream_batch);
+    `members` the ranks that start (default: all but the spares), `joins` = {spare rank: step}
+    — a spare is admitted at the first step boundary ≥ that step. `rule` rescales batch and
+    lr per membership (scaled); `restore` says what a failure resumes from: "checkpoint" (the
+    in-memory checkpoint, taken every `checkpoint_every` steps and at every new membership:
+    the steps since are lost) or "replica" (the most advanced surviving replica: only the
+    step in flight is lost). `crashes` = {rank: (point, number)} (check_crashes).
+    `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
+    heartbeat timeout adds to each detected failure. Returns a dict (see ElasticRank.run)."""
+    members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
+                                      checkpoint_every)
     rank = ElasticRank(comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule,
                        restore, checkpoint_every, check_crashes(crashes, comm.size),
                        seconds_per_sample, detect_seconds, seed, loss)
