@@ -354,3 +354,37 @@ def test_notify_is_refused_on_mpi_and_bad_modes_are_named():
         dsml.run(gather_any, 2, engine="mpi", args=({1: 0},), failures="notify")
     with pytest.raises(ValueError, match="failures must be 'stop' or 'notify'"):
         dsml.run(gather_any, 2, network=NET, args=({1: 0},), failures="ignore")
+
+
+def sends_then_dies(comm, nbytes):
+    """Rank 1 sends rank 0 a large message and fails as soon as it has left; rank 0 receives
+    twice from rank 1: the message, then the notice."""
+    from dsml.comm.failures import PeerFailed
+
+    if comm.rank == 1:
+        yield comm.send(0, np.ones(nbytes // 8))
+        raise RuntimeError("gone right after sending")
+    first = yield comm.recv(1)
+    try:
+        yield comm.recv(1)
+    except PeerFailed as failure:
+        return float(first.sum()), failure.rank, (yield comm.now())
+    return None
+
+
+def test_on_a_multi_hop_network_the_notice_arrives_behind_the_rank_s_last_message():
+    # Two machines over a slow core link: the message leaves rank 1 long before it reaches
+    # rank 0, and rank 1 fails in between. The notice follows the message along its route.
+    net = dsml.net.two_level(2, 1, inter_latency=1e-3, inter_bandwidth=1e8)
+    result = dsml.run(sends_then_dies, 2, network=net, args=(8 * 1024,), failures="notify")
+    total, rank, noticed_at = result.values[0]
+    assert (total, rank) == (1024.0, 1)
+    failed_at = result.finish_times[1]
+    delivered = max(r.end for r in result.trace.of_rank(0) if r.op == "recv" and r.src == 1)
+    assert failed_at < delivered <= noticed_at      # the message was still on its way
+
+
+def test_on_one_hop_the_notice_is_there_at_once():
+    result = dsml.run(sends_then_dies, 2, network=NET, args=(8 * 1024,), failures="notify")
+    assert result.values[0][:2] == (1024.0, 1)
+    assert result.values[0][2] == result.finish_times[1]

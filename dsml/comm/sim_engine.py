@@ -20,10 +20,12 @@ class SimEngine:
         self.sim = Simulator()
         # failures="stop": a rank that raises stops the run. "notify" (week 4): it ends that
         # rank only, and its peers learn of it through the comm API (dsml.comm.failures);
-        # failed[rank] is then the notice a receive from it raises.
+        # failed[rank] is then the notice a receive from it raises, and notices[dst][rank] the
+        # same notice once it has reached dst (after what the rank sent it before failing).
         if failures not in ("stop", "notify"):
             raise ValueError(f"failures must be 'stop' or 'notify', got {failures!r}")
         self.failed = {}
+        self.notices = [dict() for _ in range(world_size)]
         if failures == "notify":
             self.sim.on_failure = self.on_rank_failure
         self.network = network
@@ -95,8 +97,8 @@ def receive(self, rank, src, tag, on_message) -> None:
         # Already here: complete now, through the event queue (no deep recursion).
         self.sim.at(self.sim.now, on_message, box.popleft())
         return
-    if self.failed and src in self.failed:
-        self.sim.at(self.sim.now, on_message, self.failed[src])
+    if self.failed and src in self.notices[rank]:
+        self.sim.at(self.sim.now, on_message, self.notices[rank][src])
         return
     waiting = self.posted[rank].get(key)
     if waiting is None:
@@ -197,8 +199,8 @@ def on_sendrecv(self, process, req):
         # Already here: count the receive as done now. The send cannot have finished yet
         # (a transmission always ends in a later event), so this cannot resume the rank.
         exchange.on_received(box.popleft())
-    elif self.failed and req.src in self.failed:
-        exchange.on_received(self.failed[req.src])     # raised when the exchange completes
+    elif self.failed and req.src in self.notices[rank]:
+        exchange.on_received(self.notices[rank][req.src])   # raised when the exchange completes
     else:
         waiting = self.posted[rank].get(key)
         if waiting is None:
