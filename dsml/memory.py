@@ -1,5 +1,8 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.zero import zero_memory_formula
+
 
 # -- cell 129
 import numbers
@@ -464,19 +467,19 @@ def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
       stage 1 (P_os)       4Ψ + KΨ/N_d
       stage 2 (P_os+g)     2Ψ + (2 + K)Ψ/N_d
       stage 3 (P_os+g+p)   (2 + 2 + K)Ψ/N_d
-    Shards are exactly Ψ/N_d (real shards are padded to ⌈Ψ/N_d⌉; the formula ignores that)."""
-    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or num_params <= 0:
-        raise ValueError(f"num_params must be > 0, got {num_params!r}")
+    Shards are exactly Ψ/N_d (real shards are padded to ⌈Ψ/N_d⌉; the formula ignores that).
+    The arithmetic is section 3's `zero_memory_formula`; this adds the precision presets."""
+    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) \
+            or not num_params > 0 or num_params != int(num_params):
+        raise ValueError(f"num_params must be > 0 and a whole count, got {num_params!r}")
     _check_count("dp", dp)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     _check_choice("precision", precision, tuple(PRECISIONS))
     per = PRECISIONS[precision]
-    psi = num_params
-    params = per.params * psi / dp if zero_stage >= 3 else per.params * psi
-    grads = per.grads * psi / dp if zero_stage >= 2 else per.grads * psi
-    optimizer = per.optimizer * psi / dp if zero_stage >= 1 else per.optimizer * psi
-    return MemoryBreakdown(params, grads, optimizer)
+    parts = zero_memory_formula(zero_stage, int(num_params), dp, per.params, per.grads,
+                                per.optimizer)
+    return MemoryBreakdown(parts["params"], parts["grads"], parts["optimizer"])
 
 
 def zero_model_states(n_params: float, dp: int, stage: int) -> float:
