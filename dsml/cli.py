@@ -81,9 +81,10 @@ def size_range(begin: int, end: int, factor: int) -> list[int]:
     return sizes
 
 
-def _one_way_table(args, network):
+def _one_way_table(args, network, gamma_nbytes=None):
     """The ping-pong of `dsml pingpong` and `dsml calibrate`: print one row per size as it is
-    measured; return (sizes, one-way times, the calibrated AlphaBeta with this machine's γ)."""
+    measured; return (sizes, one-way times, the calibrated AlphaBeta; γ measured on
+    `gamma_nbytes` bytes if given, else 0)."""
     from dsml.comm.calibrate import calibrate
 
     sizes = size_range(args.begin, args.end, args.factor)
@@ -95,7 +96,7 @@ def _one_way_table(args, network):
         print(f"{nbytes:>12d} {seconds * 1e6:>14.2f} {nbytes / seconds / 1e6:>18.2f}", flush=True)
 
     measured, times = calibrate(args.engine, sizes, args.round_trips, args.repeats,
-                                network=network, report=report)
+                                gamma_nbytes=gamma_nbytes, network=network, report=report)
     return sizes, times, measured
 
 
@@ -120,6 +121,9 @@ def pingpong(args) -> int:
     return 0
 
 
+GAMMA_NBYTES = 16 * 1024**2     # `dsml calibrate` times np.add on vectors larger than the caches
+
+
 def calibrate(args) -> int:
     """`dsml calibrate`: measure α and β (ping-pong, least squares) and γ (np.add) on this
     machine and write them where the simulator can load them (dsml.net.load_network)."""
@@ -131,9 +135,10 @@ def calibrate(args) -> int:
     if args.engine == "sim":
         raise ValueError("--engine sim is a model already: calibrate a real engine "
                          "(processes, threads or mpi)")
-    sizes, times, measured = _one_way_table(args, None)
+    sizes, times, measured = _one_way_table(args, None, gamma_nbytes=GAMMA_NBYTES)
     _print_fit(measured.alpha, measured.beta)
-    print(f"# gamma (np.add, float64, 16 MiB) = {measured.gamma * 1e9:.4f} ns/B")
+    print(f"# gamma (np.add, float64, {format_bytes(GAMMA_NBYTES)}) = "
+          f"{measured.gamma * 1e9:.4f} ns/B")
     if measured.beta == 0:
         raise ValueError("the fit resolved no size dependence (beta = 0); nothing written: "
                          "widen the size range (-e) or add --repeats")
@@ -145,7 +150,8 @@ def calibrate(args) -> int:
               "python": platform.python_version(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "round_trips": args.round_trips, "repeats": args.repeats, "sizes": sizes,
-              "one_way_seconds": times, "gamma_from": "np.add of two float64 16 MiB vectors"}
+              "one_way_seconds": times,
+              "gamma_from": f"np.add of two float64 vectors of {GAMMA_NBYTES} bytes"}
     path = save_network(measured, args.output, record)
     print(f"# wrote {path}: {measured}")
     print(f"# load it with dsml.net.load_network({str(path)!r}), or pass --network {path} to "
@@ -842,6 +848,24 @@ def memory(args) -> int:
     return _memory_one_layout(args, config)
 
 
+def _ping_pong_arguments(parser, round_trips: int) -> None:
+    """What `dsml pingpong` and `dsml calibrate` both take: the engine and the sizes, round
+    trips and repeats of the ping-pong (`_one_way_table`)."""
+    import dsml
+
+    parser.add_argument("--engine", choices=dsml.ENGINES, default="processes",
+                        help="default processes")
+    parser.add_argument("-b", "--begin", type=parse_size, default=1,
+                        help="smallest size (default 1)")
+    parser.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
+                        help="largest size (default 4M)")
+    parser.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (default 4)")
+    parser.add_argument("--round-trips", type=int, default=round_trips,
+                        help=f"round trips per run (default {round_trips}; at most 3 above "
+                             f"64 KiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per size (median; default 3)")
+
+
 def main(argv=None) -> int:
     import dsml
 
@@ -849,27 +873,14 @@ def main(argv=None) -> int:
     parser.add_argument("--version", action="version", version=f"dsml {dsml.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     pp = commands.add_parser("pingpong", help="measure one-way message time and fit α, β")
-    pp.add_argument("--engine", choices=dsml.ENGINES, default="processes")
-    pp.add_argument("-b", "--begin", type=parse_size, default=1, help="smallest size (default 1)")
-    pp.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
-                    help="largest size (default 4M)")
-    pp.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (default 4)")
-    pp.add_argument("--round-trips", type=int, default=20)
-    pp.add_argument("--repeats", type=int, default=3)
+    _ping_pong_arguments(pp, round_trips=20)
     pp.add_argument("--alpha", type=float, default=5e-6, help="engine sim: latency (s)")
     pp.add_argument("--beta", type=float, default=1e-10, help="engine sim: time per byte (s/B)")
     cal = commands.add_parser("calibrate", help="measure α, β, γ of this machine and write "
                                                 "them as a network file for the simulator")
-    cal.add_argument("--engine", choices=dsml.ENGINES,
-                     default="processes", help="default processes")
+    _ping_pong_arguments(cal, round_trips=10)
     cal.add_argument("-o", "--output", default="dsml-network.json",
                      help="where to write the network file (default dsml-network.json)")
-    cal.add_argument("-b", "--begin", type=parse_size, default=1, help="smallest size (default 1)")
-    cal.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
-                     help="largest size (default 4M)")
-    cal.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (default 4)")
-    cal.add_argument("--round-trips", type=int, default=10)
-    cal.add_argument("--repeats", type=int, default=3)
     val = commands.add_parser("validate", help="run every all-reduce algorithm for real and "
                                                "hold it against the simulator's prediction")
     val.add_argument("--engine", choices=dsml.ENGINES,

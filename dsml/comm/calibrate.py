@@ -58,8 +58,8 @@ def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, round_trips: i
 
     α (s) and β (s/byte) are fitted by least squares (`fit_alpha_beta`) to the median one-way
     ping-pong time of each size on `engine` (sizes above 64 KiB make at most 3 round trips);
-    γ (s/byte) is `np.add` on `gamma_nbytes`, larger than the caches. `report(nbytes,
-    seconds)` is called after each size, for a caller that prints as it goes."""
+    γ (s/byte) is `np.add` on `gamma_nbytes`, larger than the caches (None: not measured, 0).
+    `report(nbytes, seconds)` is called after each size, for a caller that prints as it goes."""
     times = []
     for nbytes in sizes:
         trips = round_trips if nbytes <= 65536 else min(round_trips, 3)
@@ -67,4 +67,5 @@ def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, round_trips: i
         if report is not None:
             report(nbytes, times[-1])
     alpha, beta = fit_alpha_beta(sizes, times)
-    return AlphaBeta(alpha, beta, reduction_seconds_per_byte(gamma_nbytes)), times
+    gamma = 0.0 if gamma_nbytes is None else reduction_seconds_per_byte(gamma_nbytes)
+    return AlphaBeta(alpha, beta, gamma), times
