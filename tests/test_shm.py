@@ -198,6 +198,28 @@ def test_segments_come_back_once_the_arrays_are_gone():
     assert max(counts) <= 8, f"{counts[0]} segments for 80 messages: acknowledgements lost?"
 
 
+def test_a_ring_allreduce_settles_on_two_segments_per_rank():
+    """p = 2, 1 MiB: a rank's reduce-scatter block and all-gather block each find their
+    segment acknowledged by the time they are sent (the receiver lets go of each view before
+    its next send, and the engine itself keeps no reference), so each rank makes exactly two
+    segments however many all-reduces it runs. (When the engine held the last received array
+    until the next request had been answered, a third one appeared and the three rotated.)"""
+    from dsml.collectives import allreduce
+
+    def many(comm, times):
+        x = np.full(MiB // 4, comm.rank + 1.0, dtype=np.float32)
+        for _ in range(times):
+            out = yield from allreduce(comm, x, algorithm="ring")
+        assert np.all(out == 3.0)
+        return sorted(parents_segments())
+
+    if not HAVE_DEV_SHM:
+        pytest.skip("no /dev/shm to look at")
+    names = run(many, 2, args=(30,)).values[0]
+    per_rank = {rank: [n for n in names if n.split("_")[-2] == str(rank)] for rank in (0, 1)}
+    assert [len(per_rank[0]), len(per_rank[1])] == [2, 2], names
+
+
 def test_a_rank_that_fails_holding_received_arrays_leaves_nothing_and_prints_nothing():
     code = textwrap.dedent("""
         import numpy as np

@@ -249,6 +249,10 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         try:
             if throw is None:
                 request = gen.send(value)
+                # Let go of what the program was handed: a received array may be a view of a
+                # peer's shared-memory segment, which goes back to that peer (an ACK frame,
+                # piggybacked on this rank's next send) only once no one holds it.
+                value = None
             else:
                 request, throw = gen.throw(throw), None
         except StopIteration as stop:
@@ -340,7 +344,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
     def step(activity, request, start):
         """Hand the activity its requests until one must wait or the activity ends."""
         nonlocal spawned, outcome
-        gen, value = activity.gen, activity.value
+        gen, value, activity.value = activity.gen, activity.value, None
         throw, activity.throw = activity.throw, None
         failed = transport.failed
         while True:
@@ -348,6 +352,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                 try:
                     if throw is None:
                         request = gen.send(value)
+                        value = None           # the program has it now (see drive)
                     else:
                         request, throw = gen.throw(throw), None
                 except StopIteration as stop:
