@@ -18,12 +18,16 @@ with the `threads` engine). The transport:
   bytes (or the pickle) for small messages, into the segment for large arrays — before the
   rank program runs on, which is all the snapshot semantics of a send asks.
 - **Waiting.** When there are no more ranks than CPUs this process may use (Linux), each rank
-  is pinned to a CPU of its own, and a waiting receive polls its pipe for SPIN (200 µs) before
-  it sleeps in poll(): a wake-up through the kernel costs tens of µs. Unpinned (more ranks
-  than CPUs), a rank must not spin — on a shared core it would take the time that the peer it
-  waits for needs — so it yields the CPU (sched_yield) between polls for the same SPIN, which
-  runs a ready peer at once (a 4-rank ring all-reduce of 4 KiB on 2 CPUs: ~210 µs instead of
-  ~370 µs sleeping at once), and then sleeps.
+  is pinned to a CPU of its own, and a waiting receive polls its pipe for SPIN (5 ms) before
+  it sleeps in poll(): a wake-up through the kernel costs tens of µs, more on a virtual
+  machine whose idle CPU the host has descheduled, and the core is the rank's alone anyway.
+  (With 200 µs, a 2-rank ring all-reduce of 16 MiB — ~1 ms per step, so the faster rank often
+  waited longer than that and slept — took 4.86 ms against 4.40 ms with 5 ms; median of 5
+  runs each, alternating.) Unpinned (more ranks than CPUs), a rank must not spin — on a shared
+  core it would take the time that the peer it waits for needs — so it yields the CPU
+  (sched_yield) between polls for YIELD_SPIN (200 µs), which runs a ready peer at once (a
+  4-rank ring all-reduce of 4 KiB on 2 CPUs: ~210 µs instead of ~370 µs sleeping at once),
+  and then sleeps.
 - **Activities** (week 3, `comm.spawn`): a rank runs its activities in its own process, by
   turns (`driver._drive_activities`); when all of them wait, `_next_any` waits as a receive
   does — parse, read, spin, then poll() — on the pipes of every peer they wait for at once. A
@@ -105,7 +109,8 @@ SHM_THRESHOLD = 32 * 1024   # bytes: arrays this large go through shared memory
 SHM_PREFIX = "dsml_"
 SHM_DIR = "/dev/shm"        # where Linux shows POSIX shared memory; absent on macOS
 POLL = 1.0                  # s: how often a waiting child checks that its parent is alive
-SPIN = 200e-6               # s: how long a receive polls its pipe before it sleeps
+SPIN = 5e-3               # s: how long a pinned rank's receive polls its pipe before it sleeps
+YIELD_SPIN = 200e-6       # s: the same for a rank without a core of its own (sched_yield between)
 READ_SIZE = 1 << 18         # bytes asked of a pipe per read
 MMAP_THRESHOLD = 1 << 30    # bytes: smaller allocations come from (and go back to) the heap
 _FRAME = struct.Struct("<Q")
@@ -422,7 +427,7 @@ class PipeTransport(MatchingTransport):
         # that is ready runs at once, and poll again when the scheduler comes back.
         pinned = _pin_to_own_core(rank, len(writers) + 1)
         self.pause = None if pinned else getattr(os, "sched_yield", None)
-        self.spin = SPIN if pinned or self.pause is not None else 0.0
+        self.spin = SPIN if pinned else YIELD_SPIN if self.pause is not None else 0.0
 
     # sending
     def send(self, dst, tag, payload):
