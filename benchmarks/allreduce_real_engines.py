@@ -14,6 +14,15 @@ this machine — timed the same way:
   the ring, and a second table holds every algorithm of `--algorithms` against MPI's
   Allreduce: the overhead of our algorithms (and of Python) over MPI's, on the same transport.
 
+- **plain**: the same ring with nothing but NumPy, shared memory and pipes — no dsml, no
+  request objects, no message framing: each rank writes the block it sends into a fixed slot
+  of its own segment, writes one byte down a pipe to its right neighbour, waits for one from
+  its left, and adds (or copies) straight out of the left neighbour's slot. It is the floor
+  for a ring written in Python on this machine; the gap between it and **dsml** is what the
+  engine's generality costs (framing, segment pools, acknowledgements, the driver). Its ranks
+  are pinned and allocate as dsml's do (one core each when there are enough; freed memory
+  kept for reuse), so the two differ only in the code between the copies.
+
 Both MPI jobs are started with `dsml.comm.mpi.mpiexec_command` (the flags this host's mpiexec
 needs) and one BLAS thread per rank.
 
@@ -53,9 +62,10 @@ import numpy as np  # noqa: E402
 
 from dsml.cli import format_bytes, parse_size  # noqa: E402
 from dsml.collectives import ALLREDUCE_ALGORITHMS, busbw_factor  # noqa: E402
+from dsml.collectives.buffers import block_sizes  # noqa: E402
 from dsml.comm.mpi import find_mpiexec, mpiexec_command, mpiexec_env  # noqa: E402
 
-ENGINES = ("dsml", "mpi", "gloo", "dsml-mpi")
+ENGINES = ("dsml", "mpi", "gloo", "dsml-mpi", "plain")
 RESULT_MARK = "RESULT "        # a worker's line of JSON results on stdout starts with this
 
 
@@ -159,6 +169,143 @@ def run_dsml_mpi(p, sizes, quick, algorithms):
                                   "--dsml-mpi-worker", "--sizes", ",".join(map(str, sizes)),
                                   "--algorithms", ",".join(algorithms)] + ["--quick"] * quick)
     return _run_workers([command])
+
+
+# --- plain: NumPy, shared memory and pipes, nothing else -----------------------------------------
+
+def _wait_byte(fd, pause):
+    """Spin until one byte can be read from the non-blocking pipe `fd` (giving the CPU away
+    between tries when this rank has no core of its own)."""
+    while True:
+        try:
+            if os.read(fd, 1):
+                return
+        except BlockingIOError:
+            pass
+        if pause is not None:
+            pause()
+
+
+def plain_worker(rank, p, sizes, quick, names, slot, pipes, result_conn):
+    """One rank of the plain ring. Its segment holds 2(p − 1) slots of `slot` bytes, one per
+    step of an all-reduce (p − 1 reduce-scatter steps, then p − 1 all-gather steps), so a
+    slot is never rewritten within an all-reduce; at the end each rank tells its left
+    neighbour it has finished reading, and waits to hear the same from its right one before
+    it writes into its slots again."""
+    from multiprocessing import shared_memory
+
+    from dsml.comm.processes import keep_freed_memory
+    keep_freed_memory()       # the malloc setting dsml's ranks use: results reuse freed memory
+    right, left = (rank + 1) % p, (rank - 1) % p
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pause = None
+    if p <= len(cpus):
+        os.sched_setaffinity(0, {cpus[rank]})
+    else:
+        pause = getattr(os, "sched_yield", None)
+    ready_out, ready_in = pipes[("ready", rank)][1], pipes[("ready", left)][0]
+    done_out, done_in = pipes[("done", rank)][1], pipes[("done", right)][0]
+    for fd in (ready_in, done_in):
+        os.set_blocking(fd, False)
+    mine_seg = shared_memory.SharedMemory(names[rank])
+    left_seg = shared_memory.SharedMemory(names[left])
+    steps = 2 * (p - 1)
+    out_slots = [np.ndarray(slot // 4, np.float32, mine_seg.buf, s * slot) for s in range(steps)]
+    in_slots = [np.ndarray(slot // 4, np.float32, left_seg.buf, s * slot) for s in range(steps)]
+
+    def allreduce(x):
+        if p == 1:
+            return x.copy()
+        n = x.size
+        counts = block_sizes(n, p)
+        starts = [sum(counts[:i]) for i in range(p)]
+        block = [slice(starts[i], starts[i] + counts[i]) for i in range(p)]
+        result = np.empty(n, np.float32)
+        for s in range(p - 1):                       # reduce-scatter
+            send, recv = (rank - s - 1) % p, (rank - s - 2) % p
+            source = x if s == 0 else result
+            out_slots[s][:counts[send]] = source[block[send]]
+            os.write(ready_out, b"r")
+            _wait_byte(ready_in, pause)
+            np.add(x[block[recv]], in_slots[s][:counts[recv]], out=result[block[recv]])
+        for t in range(p - 1):                       # all-gather
+            send, recv = (rank - t) % p, (rank - t - 1) % p
+            out_slots[p - 1 + t][:counts[send]] = result[block[send]]
+            os.write(ready_out, b"r")
+            _wait_byte(ready_in, pause)
+            result[block[recv]] = in_slots[p - 1 + t][:counts[recv]]
+        os.write(done_out, b"d")                     # done reading the left one's slots
+        _wait_byte(done_in, pause)                   # the right one is done reading mine
+        return result
+
+    try:
+        times = []
+        token = np.zeros(p, np.float32)
+        for nbytes in sizes:
+            x = vector(nbytes, rank)
+            warm, timed = iterations(nbytes, quick)
+            for _ in range(warm):
+                out = allreduce(x)
+            allreduce(token)                         # a barrier
+            t0 = time.perf_counter()
+            for _ in range(timed):
+                out = allreduce(x)
+            times.append((time.perf_counter() - t0) / timed)
+            if not np.array_equal(out, expected_sum(nbytes, p)):
+                raise AssertionError(f"plain all-reduce of {nbytes} B gave a wrong sum")
+        result_conn.send(("ok", times))
+    except BaseException as error:                   # report, never hang the parent
+        result_conn.send(("error", f"rank {rank}: {error!r}"))
+    finally:
+        del out_slots, in_slots
+        mine_seg.close()
+        left_seg.close()
+
+
+def run_plain(p, sizes, quick, timeout=1800):
+    import multiprocessing as mp
+    from multiprocessing import shared_memory
+    from multiprocessing.connection import wait
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    slot = 4 * -(-max(sizes) // 4 // p)              # bytes of the largest block
+    segments = [shared_memory.SharedMemory(create=True, size=max(1, 2 * (p - 1)) * slot)
+                for _ in range(p)]
+    pipes = {(kind, r): os.pipe() for kind in ("ready", "done") for r in range(p)}
+    conns = [ctx.Pipe(duplex=False) for _ in range(p)]
+    procs = [ctx.Process(target=plain_worker, daemon=True,
+                         args=(r, p, sizes, quick, [s.name for s in segments], slot, pipes,
+                               conns[r][1]))
+             for r in range(p)]
+    try:
+        for proc in procs:
+            proc.start()
+        times, deadline = {}, time.monotonic() + timeout
+        while len(times) < p:                        # the first failure ends the run
+            pending = [r for r in range(p) if r not in times]
+            if not wait([conns[r][0] for r in pending] + [procs[r].sentinel for r in pending],
+                        timeout=max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"plain ring: ranks {pending} did not report in {timeout} s")
+            for r in pending:
+                if conns[r][0].poll():
+                    kind, value = conns[r][0].recv()
+                    if kind == "error":
+                        raise RuntimeError(f"plain ring failed: {value}")
+                    times[r] = value
+                elif not procs[r].is_alive():
+                    raise RuntimeError(f"plain ring: rank {r} died (exit code "
+                                       f"{procs[r].exitcode}) without a result")
+        return [max(times[r][i] for r in range(p)) for i in range(len(sizes))]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+        for read_end, write_end in pipes.values():
+            os.close(read_end)
+            os.close(write_end)
+        for segment in segments:
+            segment.close()
+            segment.unlink()
 
 
 # --- gloo -----------------------------------------------------------------------------------------
@@ -367,7 +514,7 @@ def main(argv=None) -> int:
         if e in missing:
             print(f"# {e}: skipped, {missing[e]}")
     engines = [e for e in engines if e not in missing]
-    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo,
+    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo, "plain": run_plain,
                "dsml-mpi": lambda p, sizes, quick: run_dsml_mpi(p, sizes, quick, algorithms)}
     print(f"# sizes {format_bytes(sizes[0])} … {format_bytes(sizes[-1])}, world sizes {world_sizes}, "
           f"{repeats} repeats, engines alternating: {', '.join(engines)}")
