@@ -60,8 +60,8 @@ shuts down. The parent starts the tracker before forking, so every rank shares o
 unregisters each segment it creates at once (3.13+: `track=False`), and the parent's clean-up
 attaches (registering again is a no-op) and unlinks (which unregisters) every segment of the
 run, so that whatever a receiver registered is unregistered and the tracker ends with nothing.
-A receiver never closes what it attached (`_Attached`): arrays it handed out may still be
-views of it when the rank ends, and the mapping goes with the process.
+A rank never closes a segment it has mapped (`_Mapped`): arrays it handed out, or its own
+cached views, may still use it when the rank ends, and the mapping goes with the process.
 
 Start method: "fork" where the platform has it (Linux, macOS), because a rank program
 defined in a notebook cell lives in the kernel's `__main__`, which a "spawn"ed child cannot
@@ -142,28 +142,30 @@ class ShmRef:
         return ShmRef, (self.name, self.shape, self.dtype)
 
 
-if sys.version_info >= (3, 13):
-    def _create_segment(name, size):
-        return SharedMemory(name, create=True, size=size, track=False)
-else:
-    def _create_segment(name, size):
-        segment = SharedMemory(name, create=True, size=size)
-        # The receiver owns it from now on; the sender's registration would otherwise stay
-        # with the tracker and be "cleaned up" (with a warning) when the run is over.
-        resource_tracker.unregister(segment._name, "shared_memory")
-        return segment
-
-
-class _Attached(SharedMemory):
-    """A peer's segment, attached. Arrays this rank received may still be views of it when
-    the rank ends (a failed rank's traceback holds them); closing then raises BufferError,
-    which would be printed from __del__. The mapping goes with the process anyway."""
+class _Mapped(SharedMemory):
+    """A segment this rank has mapped: one of its own, or a peer's it attached. Arrays may
+    still be views of it when the rank ends — the sender's cached views of its own segments,
+    arrays received from a peer's (a failed rank's traceback holds them) — and closing then
+    raises BufferError, which would be printed from __del__. The mapping goes with the process
+    anyway."""
 
     def __del__(self):
         try:
             self.close()
         except BufferError:
             pass
+
+
+if sys.version_info >= (3, 13):
+    def _create_segment(name, size):
+        return _Mapped(name, create=True, size=size, track=False)
+else:
+    def _create_segment(name, size):
+        segment = _Mapped(name, create=True, size=size)
+        # The receiver owns it from now on; the sender's registration would otherwise stay
+        # with the tracker and be "cleaned up" (with a warning) when the run is over.
+        resource_tracker.unregister(segment._name, "shared_memory")
+        return segment
 
 
 class Segments:
@@ -185,6 +187,8 @@ class Segments:
         self.free = {}             # (dst, size) -> names acknowledged by their receiver
         self.attached = {}         # name -> SharedMemory of a peer's segment
         self.returned = []         # (src, name): received arrays that are gone (see take)
+        self.views = {}            # name -> the last view of this rank's segment it copied into
+        self.watched = {}          # id -> (weak reference to a received array's buffer, src, name)
 
     def reusable(self, dst, nbytes) -> bool:
         return bool(self.free.get((dst, _size_class(nbytes))))
@@ -201,9 +205,13 @@ class Segments:
             name = f"{self.prefix}{n}"
             segment = _create_segment(name, size)
             self.owned[name] = (dst, size, segment)
-        view = np.ndarray(array.shape, array.dtype, buffer=segment.buf)
+        # The view of the segment that the copy goes into is kept for the next message of the
+        # same shape and dtype through this segment (the common case: a collective's steps),
+        # which saves making an array on the segment's buffer for each one.
+        view = self.views.get(name)
+        if view is None or view.shape != array.shape or view.dtype != array.dtype:
+            view = self.views[name] = np.ndarray(array.shape, array.dtype, buffer=segment.buf)
         np.copyto(view, array, casting="no")
-        del view
         return ShmRef(name, array.shape, array.dtype)
 
     def release(self, name) -> None:
@@ -217,7 +225,7 @@ class Segments:
         finalizer lists it in `returned`, and the transport acknowledges it to `src`."""
         segment = self.attached.get(ref.name)
         if segment is None:
-            segment = self.attached[ref.name] = _Attached(ref.name)
+            segment = self.attached[ref.name] = _Mapped(ref.name)
         count = 1
         for extent in ref.shape:
             count *= extent
@@ -226,8 +234,14 @@ class Segments:
         del window
         # NumPy's base for the array (and for every view of it) is a memoryview made for
         # this message alone: when it dies, no array of this message is left.
-        weakref.finalize(array.base, self._returned, src, ref.name)
+        reference = weakref.ref(array.base, self._gone)
+        self.watched[id(reference)] = (reference, src, ref.name)
         return array.reshape(ref.shape)
+
+    def _gone(self, reference) -> None:
+        # Looks up self.returned when called: take_returned() replaces the list.
+        _, src, name = self.watched.pop(id(reference))
+        self.returned.append((src, name))
 
     def encode(self, payload, dst, make_room):
         """The payload with every large array replaced by a ShmRef to a segment holding it;
