@@ -470,7 +470,7 @@ def simulate(name: str | list, stages: int, microbatches: int, t_forward: float 
 # -- cell 62
 import numpy as np
 
-from dsml.train.models import LOSSES, _activate, _derivative
+from dsml.train.models import LOSSES, activate, activation_derivative
 
 
 def split_layers(layers: int, pieces: int) -> list:
@@ -528,7 +528,7 @@ class MLPStageWork:
             weight = self.model.params[f"layer{layer}.weight"]
             z = h @ weight + self.model.params[f"layer{layer}.bias"]
             pre_activations.append(z)
-            h = z if layer == self.model.layers - 1 else _activate(z, self.model.activation)
+            h = z if layer == self.model.layers - 1 else activate(z, self.model.activation)
         output_grad = None
         if piece == len(self.pieces) - 1:
             value, output_grad = self.loss_fn(h, self.targets[op.microbatch])
@@ -548,7 +548,7 @@ class MLPStageWork:
         for position in reversed(range(len(layers))):
             layer = layers[position]
             if layer < self.model.layers - 1:
-                g = g * _derivative(pre_activations[position], self.model.activation)
+                g = g * activation_derivative(pre_activations[position], self.model.activation)
             dz[position] = g
             if layer > 0:                             # the model's input needs no gradient
                 g = g @ self.model.params[f"layer{layer}.weight"].T

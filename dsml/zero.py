@@ -72,7 +72,7 @@ def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: f
 from dataclasses import dataclass
 
 from dsml.data_parallel import flatten
-from dsml.train.models import _activate, _derivative
+from dsml.train.models import activate, activation_derivative
 
 
 @dataclass(frozen=True)
@@ -147,14 +147,14 @@ def mlp_layer_forward(h, weight, bias, activation, last: bool):
     """One layer of dsml.train.MLP.forward, from weights of any float dtype computed in float64:
     (pre-activation z = h W + b, output). Bit for bit what MLP.forward does in float64."""
     z = h @ np.asarray(weight, dtype=np.float64) + np.asarray(bias, dtype=np.float64)
-    return z, (z if last else _activate(z, activation))
+    return z, (z if last else activate(z, activation))
 
 
 def mlp_layer_backward(g, inputs, pre, weight, activation, last: bool, first: bool):
     """One layer of MLP.backward_layers: from dL/d(output) `g`, the layer's input and
     pre-activation, return (dL/dW, dL/db, dL/d(input) or None for the first layer)."""
     if not last:
-        g = g * _derivative(pre, activation)
+        g = g * activation_derivative(pre, activation)
     grad_weight = inputs.T @ g
     grad_bias = g.sum(axis=0)
     grad_input = None if first else g @ np.asarray(weight, dtype=np.float64).T

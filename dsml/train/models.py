@@ -50,7 +50,7 @@ class MLP:
             inputs.append(h)
             z = h @ self.params[f"layer{i}.weight"] + self.params[f"layer{i}.bias"]
             pre.append(z)
-            h = z if i == self.layers - 1 else _activate(z, self.activation)
+            h = z if i == self.layers - 1 else activate(z, self.activation)
         self._cache = (inputs, pre)
         return h
 
@@ -68,7 +68,7 @@ class MLP:
         g = np.asarray(dout, dtype=np.float64)
         for i in reversed(range(self.layers)):
             if i < self.layers - 1:
-                g = g * _derivative(pre[i], self.activation)
+                g = g * activation_derivative(pre[i], self.activation)
             weight, bias = f"layer{i}.weight", f"layer{i}.bias"
             if weight not in self.frozen:
                 yield weight, inputs[i].T @ g
@@ -78,7 +78,9 @@ class MLP:
                 g = g @ self.params[weight].T
 
 
-def _activate(z, activation):
+def activate(z, activation):
+    """A hidden layer's nonlinearity: "relu", "tanh", or anything else for none (week 5's
+    pipeline stages and ZeRO shards run the same layers with it)."""
     if activation == "relu":
         return np.maximum(z, 0.0)
     if activation == "tanh":
@@ -86,7 +88,8 @@ def _activate(z, activation):
     return z
 
 
-def _derivative(z, activation):
+def activation_derivative(z, activation):
+    """d activate(z) / dz, elementwise, at the pre-activation z."""
     if activation == "relu":
         return (z > 0).astype(z.dtype)
     if activation == "tanh":
