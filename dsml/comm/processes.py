@@ -38,7 +38,7 @@ with the `threads` engine). The transport:
   segment and sends only its name, shape and dtype through the pipe; the receiver attaches
   and hands the program a view of the segment itself — no copy on the receiving side. The
   segment stays that array's while any array made from it (slices, reshapes) is alive: a
-  finalizer on the view's buffer notes when the last one is gone, and the next time the
+  weak reference to the view's buffer notes when the last one is gone, and the next time the
   receiver sends or waits it acknowledges the segment (in the same write as its next frame
   to that rank, if it has one), after which the sender may reuse it for its next array to
   that rank. Each rank keeps a pool of segments per destination
@@ -109,8 +109,8 @@ SHM_THRESHOLD = 32 * 1024   # bytes: arrays this large go through shared memory
 SHM_PREFIX = "dsml_"
 SHM_DIR = "/dev/shm"        # where Linux shows POSIX shared memory; absent on macOS
 POLL = 1.0                  # s: how often a waiting child checks that its parent is alive
-SPIN = 5e-3               # s: how long a pinned rank's receive polls its pipe before it sleeps
-YIELD_SPIN = 200e-6       # s: the same for a rank without a core of its own (sched_yield between)
+SPIN = 5e-3                 # s: how long a pinned rank's receive polls its pipe before sleeping
+YIELD_SPIN = 200e-6         # s: the same without a core of its own (sched_yield between polls)
 READ_SIZE = 1 << 18         # bytes asked of a pipe per read
 MMAP_THRESHOLD = 1 << 30    # bytes: smaller allocations come from (and go back to) the heap
 _FRAME = struct.Struct("<Q")
@@ -221,8 +221,9 @@ class Segments:
 
     def take(self, src, ref: ShmRef) -> np.ndarray:
         """The array in a peer's segment, as a view of the segment itself: no copy. The
-        segment stays the array's until the last array made from it is gone; then a
-        finalizer lists it in `returned`, and the transport acknowledges it to `src`."""
+        segment stays the array's until the last array made from it is gone; then the weak
+        reference's callback lists it in `returned`, and the transport acknowledges it to
+        `src`."""
         segment = self.attached.get(ref.name)
         if segment is None:
             segment = self.attached[ref.name] = _Mapped(ref.name)
