@@ -10,27 +10,35 @@ that link's equal share; remove them and the capacity they use, and repeat with 
 Rates change only when a flow starts or ends, and only inside the *component* of flows
 linked to it through shared links (directly or through other flows): a flow that shares no
 link with the one that came or went keeps its rate. So each start or end re-solves just that
-component. A flow whose rate changes gets a new completion time; the event scheduled for
-the old one stays in the simulator's heap and is ignored when it fires (each flow carries a
-version number, and a completion event names the version it was scheduled for).
+component, and a flow alone on its links (the common case of a ring on a star) takes a fast
+path with no solving at all. A flow whose rate changes gets a new completion time; the event
+scheduled for the old one stays in the simulator's heap and is ignored when it fires (it no
+longer matches the flow's `due` time, or the flow is already done).
 
 Deterministic: flows sit in insertion-ordered dicts, never sets, and the simulator breaks ties
 between events at the same time by their sequence number.
+
+Speed: links are numbered (lists, not dicts keyed by node pairs), each pair's route, latency
+and uncontended rate are looked up once, and events go straight onto the simulator's heap.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
+from heapq import heappush
 
 
 class Flow:
     """One message in the network: its links, bytes left, current rate (B/s)."""
-    __slots__ = ("links", "remaining", "rate", "updated", "version", "on_sent",
+    __slots__ = ("links", "remaining", "rate", "updated", "due", "done", "on_sent",
                  "on_delivered", "message")
 
     def __init__(self, links, nbytes, on_sent, on_delivered, message):
-        self.links = links
-        self.remaining = float(nbytes)   # bytes left at time `updated`
+        self.links = links               # link numbers
+        self.remaining = nbytes          # bytes left at time `updated`
         self.rate = 0.0                  # bytes/s since `updated`
         self.updated = 0.0
-        self.version = 0
+        self.due = -1.0                  # when it ends at the current rate (s)
+        self.done = False
         self.on_sent = on_sent
         self.on_delivered = on_delivered
         self.message = message
@@ -39,75 +47,94 @@ class Flow:
 class FairSharing:
     """Max-min fair sharing of directed links among the flows crossing them.
 
-    `capacity[link]` is the link's bandwidth in bytes/s. `transmit` starts a flow;
+    `links` lists the directed links, `capacity` their bandwidths (bytes/s, same order), and
+    `path(src, dst)` gives the (links, latency in s) of a message from rank src to rank dst.
     `link_bytes[link]` counts the bytes that crossed a link and `link_busy[link]` the seconds
-    during which at least one flow crossed it.
+    during which at least one flow crossed it; `recomputations` counts progressive fillings.
     """
 
-    def __init__(self, sim, capacity: dict):
+    def __init__(self, sim, links: list, capacity: list, path):
         self.sim = sim
-        self.capacity = capacity
-        self.on_link = {link: {} for link in capacity}   # link -> {flow: None}, in order
-        self.link_bytes = dict.fromkeys(capacity, 0)
-        self.link_busy = dict.fromkeys(capacity, 0.0)
-        self._busy_since = {}
-        self.active = 0
-        self.recomputations = 0          # progressive fillings run (not the fast path)
+        self.links = list(links)
+        self.number = {link: i for i, link in enumerate(self.links)}
+        self.capacity = [float(c) for c in capacity]
+        self.path = path
+        self.on_link = [{} for _ in self.links]     # link -> {flow: None}, in arrival order
+        self.carried = [0.0] * len(self.links)
+        self.busy = [0.0] * len(self.links)
+        self._since = [0.0] * len(self.links)
+        self.link_bytes = LinkView(self.number, self.carried)
+        self.link_busy = LinkView(self.number, self.busy)
+        self._routes = {}                           # (src, dst) -> (links, latency, rate)
+        self._heap, self._sequence = sim._heap, sim._sequence
+        self.recomputations = 0
 
-    def transmit(self, links, latency, nbytes, on_sent, on_delivered, message) -> None:
-        """Start a message of `nbytes` bytes over `links` (a list of directed links) after
-        `latency` seconds; call on_sent(None), then on_delivered(message), when its last
-        byte arrives."""
-        flow = Flow(links, nbytes, on_sent, on_delivered, message)
-        self.sim.at(self.sim.now + latency, self._start, flow)
+    def transmit(self, src, dst, nbytes, on_sent, on_delivered, message) -> None:
+        """Start a message of `nbytes` bytes from rank src to rank dst; call on_sent(None),
+        then on_delivered(message), when its last byte arrives."""
+        route = self._routes.get((src, dst))
+        if route is None:
+            route = self._route(src, dst)
+        flow = Flow(route[0], nbytes, on_sent, on_delivered, message)
+        flow.rate = route[2]                        # its rate if it turns out to be alone
+        # Onto the heap directly (sim.at's check is not needed: latency ≥ 0).
+        heappush(self._heap, (self.sim.now + route[1], next(self._sequence), self._start, flow))
+
+    def _route(self, src, dst):
+        links, latency = self.path(src, dst)
+        numbers = tuple(self.number[link] for link in links)
+        route = (numbers, latency, min(self.capacity[i] for i in numbers))
+        self._routes[(src, dst)] = route
+        return route
 
     # -- a flow starts or ends -----------------------------------------------------------
     def _start(self, flow) -> None:
-        sim = self.sim
-        now = sim.now
+        now = self.sim.now
         flow.updated = now
         if flow.remaining <= 0:                  # an empty message: latency only
             self._complete(flow)
             return
-        on_link = self.on_link
+        on_link, carried, since = self.on_link, self.carried, self._since
         alone = True
-        for link in flow.links:
-            flows = on_link[link]
-            if not flows:
-                self._busy_since[link] = now
-            else:
+        for i in flow.links:
+            flows = on_link[i]
+            if flows:
                 alone = False
+            else:
+                since[i] = now
             flows[flow] = None
-            self.link_bytes[link] += flow.remaining
-        self.active += 1
+            carried[i] += flow.remaining
         if alone:                                # fast path: nobody to share with
-            capacity = self.capacity
-            flow.rate = min(capacity[link] for link in flow.links)
-            sim.at(now + flow.remaining / flow.rate, self._finish, (flow, 0))
+            flow.due = due = now + flow.remaining / flow.rate
+            heappush(self._heap, (due, next(self._sequence), self._finish, flow))
         else:
+            flow.rate = 0.0                      # not yet allocated
             self._reallocate(flow.links)
 
-    def _finish(self, event) -> None:
-        flow, version = event
-        if version != flow.version:              # stale: the rate changed since
-            return
+    def _finish(self, flow) -> None:
         now = self.sim.now
+        if flow.due != now or flow.done:         # stale: its rate changed since
+            return
         on_link = self.on_link
-        shared = []
-        for link in flow.links:
-            flows = on_link[link]
+        shared = None
+        for i in flow.links:
+            flows = on_link[i]
             del flows[flow]
             if flows:
-                shared.append(link)
+                if shared is None:
+                    shared = []
+                shared.append(i)
             else:
-                self.link_busy[link] += now - self._busy_since.pop(link)
-        self.active -= 1
+                self.busy[i] += now - self._since[i]
         flow.remaining = 0.0
-        if shared:
+        if shared is not None:
             self._reallocate(shared)
-        self._complete(flow)
+        flow.done = True                         # _complete, inlined: the hottest path
+        flow.on_sent(None)
+        flow.on_delivered(flow.message)
 
     def _complete(self, flow) -> None:
+        flow.done = True
         flow.on_sent(None)
         flow.on_delivered(flow.message)
 
@@ -118,11 +145,11 @@ class FairSharing:
         flows, links = {}, {}
         stack = list(seeds)
         while stack:
-            link = stack.pop()
-            if link in links:
+            i = stack.pop()
+            if i in links:
                 continue
-            links[link] = None
-            for flow in on_link[link]:
+            links[i] = None
+            for flow in on_link[i]:
                 if flow not in flows:
                     flows[flow] = None
                     stack.extend(flow.links)
@@ -133,32 +160,48 @@ class FairSharing:
         rate changed."""
         self.recomputations += 1
         flows, links = self._component(seeds)
-        on_link = self.on_link
-        left = {link: self.capacity[link] for link in links}      # unallocated B/s
-        count = {link: len(on_link[link]) for link in links}      # flows not yet fixed
+        on_link, capacity = self.on_link, self.capacity
+        left = {i: capacity[i] for i in links}          # unallocated bytes/s
+        count = {i: len(on_link[i]) for i in links}     # flows not yet fixed
         rates = {}
         while len(rates) < len(flows):
-            bottleneck, share = None, 0.0
-            for link, n in count.items():
+            bottleneck, share = -1, 0.0
+            for i, n in count.items():
                 if n:
-                    fair = left[link] / n
-                    if bottleneck is None or fair < share:
-                        bottleneck, share = link, fair
-            share = max(share, 0.0)
+                    fair = left[i] / n
+                    if bottleneck < 0 or fair < share:
+                        bottleneck, share = i, fair
+            share = max(share, 1e-12 * capacity[bottleneck])   # rounding never stops a flow
             for flow in on_link[bottleneck]:
                 if flow in rates:
                     continue
                 rates[flow] = share
-                for link in flow.links:
-                    left[link] -= share
-                    count[link] -= 1
+                for i in flow.links:
+                    left[i] -= share
+                    count[i] -= 1
         now = self.sim.now
-        at, finish = self.sim.at, self._finish
+        heap, sequence, finish = self._heap, self._sequence, self._finish
         for flow, rate in rates.items():
             if rate == flow.rate:
                 continue
             flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.updated))
             flow.updated = now
             flow.rate = rate
-            flow.version += 1
-            at(now + flow.remaining / rate, finish, (flow, flow.version))
+            flow.due = due = now + flow.remaining / rate
+            heappush(heap, (due, next(sequence), finish, flow))
+
+
+class LinkView(Mapping):
+    """A read-only mapping link → value over one of FairSharing's per-link lists."""
+
+    def __init__(self, number: dict, values: list):
+        self._number, self._values = number, values
+
+    def __getitem__(self, link):
+        return self._values[self._number[link]]
+
+    def __iter__(self):
+        return iter(self._number)
+
+    def __len__(self):
+        return len(self._number)

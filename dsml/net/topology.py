@@ -103,8 +103,10 @@ def attach(self, sim, world_size: int) -> None:
     self.sim = sim
     self.flows = None
     if self.sharing == "fair":
-        self.flows = FairSharing(sim, {link: 1.0 / per_byte
-                                       for link, (_, per_byte) in self.links.items()})
+        links = list(self.links)
+        self.flows = FairSharing(sim, links, [1.0 / self.links[link][1] for link in links],
+                                 lambda src, dst: (self.route(src, dst),
+                                                   self._route_latency[(src, dst)]))
         self.link_busy, self.link_bytes = self.flows.link_busy, self.flows.link_bytes
         return
     self.link_free = {link: 0.0 for link in self.links}
@@ -115,11 +117,10 @@ def attach(self, sim, world_size: int) -> None:
 # -- cell 66
 @add_to_class(Topology)
 def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, message) -> None:
-    route = self.route(src, dst)
     if self.flows is not None:            # sharing="fair": one flow over the whole route
-        self.flows.transmit(route, self._route_latency[(src, dst)], nbytes, on_sent,
-                            on_delivered, message)
+        self.flows.transmit(src, dst, nbytes, on_sent, on_delivered, message)
         return
+    route = self.route(src, dst)
     k = self.chunks if nbytes >= self.chunks else max(1, nbytes)
     sizes = [nbytes // k + (1 if i < nbytes % k else 0) for i in range(k)]
     state = {"left_src": 0, "arrived": 0}
