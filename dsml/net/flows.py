@@ -18,13 +18,12 @@ longer matches the flow's `due` time, or the flow is already done).
 Deterministic: flows sit in insertion-ordered dicts, never sets, and the simulator breaks ties
 between events at the same time by their sequence number.
 
-Speed: links are numbered (lists, not dicts keyed by node pairs), each pair's route, latency
-and uncontended rate are looked up once, and events go straight onto the simulator's heap.
+Speed: links are numbered (lists, not dicts keyed by node pairs), and each pair's route,
+latency and uncontended rate are looked up once.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from heapq import heappush
 
 
 class Flow:
@@ -66,7 +65,6 @@ class FairSharing:
         self.link_bytes = LinkView(self.number, self.carried)
         self.link_busy = LinkView(self.number, self.busy)
         self._routes = {}                           # (src, dst) -> (links, latency, rate)
-        self._heap, self._sequence = sim._heap, sim._sequence
         self.recomputations = 0
 
     def transmit(self, src, dst, nbytes, on_sent, on_delivered, message) -> None:
@@ -77,8 +75,7 @@ class FairSharing:
             route = self._route(src, dst)
         flow = Flow(route[0], nbytes, on_sent, on_delivered, message)
         flow.rate = route[2]                        # its rate if it turns out to be alone
-        # Onto the heap directly (sim.at's check is not needed: latency ≥ 0).
-        heappush(self._heap, (self.sim.now + route[1], next(self._sequence), self._start, flow))
+        self.sim.at(self.sim.now + route[1], self._start, flow)
 
     def _route(self, src, dst):
         links, latency = self.path(src, dst)
@@ -106,7 +103,7 @@ class FairSharing:
             carried[i] += flow.remaining
         if alone:                                # fast path: nobody to share with
             flow.due = due = now + flow.remaining / flow.rate
-            heappush(self._heap, (due, next(self._sequence), self._finish, flow))
+            self.sim.at(due, self._finish, flow)
         else:
             flow.rate = 0.0                      # not yet allocated
             self._reallocate(flow.links)
@@ -180,7 +177,7 @@ class FairSharing:
                     left[i] -= share
                     count[i] -= 1
         now = self.sim.now
-        heap, sequence, finish = self._heap, self._sequence, self._finish
+        at, finish = self.sim.at, self._finish
         for flow, rate in rates.items():
             if rate == flow.rate:
                 continue
@@ -188,7 +185,7 @@ class FairSharing:
             flow.updated = now
             flow.rate = rate
             flow.due = due = now + flow.remaining / rate
-            heappush(heap, (due, next(sequence), finish, flow))
+            at(due, finish, flow)
 
 
 class LinkView(Mapping):
