@@ -9,11 +9,12 @@ that link's equal share; remove them and the capacity they use, and repeat with 
 
 Rates change only when a flow starts or ends, and only inside the *component* of flows
 linked to it through shared links (directly or through other flows): a flow that shares no
-link with the one that came or went keeps its rate. So each start or end re-solves just that
-component, and a flow alone on its links (the common case of a ring on a star) takes a fast
-path with no solving at all. A flow whose rate changes gets a new completion time; the event
-scheduled for the old one stays in the simulator's heap and is ignored when it fires (it no
-longer matches the flow's `due` time, or the flow is already done).
+link with the one that came or went keeps its rate. So a start or an end re-solves just that
+component, once per instant however many flows started or ended in it, and a flow alone on
+its links (the common case of a ring on a star) takes a fast path with no solving at all. A
+flow whose rate changes gets a new completion time; the event scheduled for the old one stays
+in the simulator's heap and is ignored when it fires (it no longer matches the flow's `due`
+time, or the flow is already done).
 
 Deterministic: flows sit in insertion-ordered dicts, never sets, and the simulator breaks ties
 between events at the same time by their sequence number.
@@ -66,6 +67,7 @@ class FairSharing:
         self.link_busy = LinkView(self.number, self.busy)
         self._routes = {}                           # (src, dst) -> (links, latency, rate)
         self.recomputations = 0
+        self._dirty = []                            # links whose flows changed at this instant
 
     def transmit(self, src, dst, nbytes, on_sent, on_delivered, message) -> None:
         """Start a message of `nbytes` bytes from rank src to rank dst; call on_sent(None),
@@ -105,8 +107,8 @@ class FairSharing:
             flow.due = due = now + flow.remaining / flow.rate
             self.sim.at(due, self._finish, flow)
         else:
-            flow.rate = 0.0                      # not yet allocated
-            self._reallocate(flow.links)
+            flow.rate = 0.0                      # allocated by _flush, at this same instant
+            self._mark(flow.links)
 
     def _finish(self, flow) -> None:
         now = self.sim.now
@@ -125,7 +127,7 @@ class FairSharing:
                 self.busy[i] += now - self._since[i]
         flow.remaining = 0.0
         if shared is not None:
-            self._reallocate(shared)
+            self._mark(shared)
         flow.done = True                         # _complete, inlined: the hottest path
         flow.on_sent(None)
         flow.on_delivered(flow.message)
@@ -136,6 +138,17 @@ class FairSharing:
         flow.on_delivered(flow.message)
 
     # -- max-min fair rates for the flows linked to some links ---------------------------
+    def _mark(self, links) -> None:
+        """Re-solve the flows around `links` once every start and end at this instant is in
+        (an incast of k flows starting together is then one filling, not k)."""
+        if not self._dirty:
+            self.sim.at(self.sim.now, self._flush)
+        self._dirty.extend(links)
+
+    def _flush(self, _=None) -> None:
+        seeds, self._dirty = self._dirty, []
+        self._reallocate(seeds)
+
     def _component(self, seeds):
         """The flows reachable from the links `seeds` through shared links, and their links."""
         on_link = self.on_link
