@@ -20,11 +20,14 @@ Deterministic: flows sit in insertion-ordered dicts, never sets, and the simulat
 between events at the same time by their sequence number.
 
 Speed: links are numbered (lists, not dicts keyed by node pairs), and each pair's route,
-latency and uncontended rate are looked up once.
+latency and uncontended rate are looked up once, and the two events of an uncontended
+message go onto the simulator's heap directly, as `AlphaBeta.transmit` does (sim.at inlined:
+the times are ≥ now by construction).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from heapq import heappush
 
 
 class Flow:
@@ -77,7 +80,8 @@ class FairSharing:
             route = self._route(src, dst)
         flow = Flow(route[0], nbytes, on_sent, on_delivered, message)
         flow.rate = route[2]                        # its rate if it turns out to be alone
-        self.sim.at(self.sim.now + route[1], self._start, flow)
+        sim = self.sim
+        heappush(sim._heap, (sim.now + route[1], next(sim._sequence), self._start, flow))
 
     def _route(self, src, dst):
         links, latency = self.path(src, dst)
@@ -88,7 +92,8 @@ class FairSharing:
 
     # -- a flow starts or ends -----------------------------------------------------------
     def _start(self, flow) -> None:
-        now = self.sim.now
+        sim = self.sim
+        now = sim.now
         flow.updated = now
         if flow.remaining <= 0:                  # an empty message: latency only
             self._complete(flow)
@@ -105,7 +110,7 @@ class FairSharing:
             carried[i] += flow.remaining
         if alone:                                # fast path: nobody to share with
             flow.due = due = now + flow.remaining / flow.rate
-            self.sim.at(due, self._finish, flow)
+            heappush(sim._heap, (due, next(sim._sequence), self._finish, flow))
         else:
             flow.rate = 0.0                      # allocated by _flush, at this same instant
             self._mark(flow.links)
@@ -114,7 +119,7 @@ class FairSharing:
         now = self.sim.now
         if flow.due != now or flow.done:         # stale: its rate changed since
             return
-        on_link = self.on_link
+        on_link, busy, since = self.on_link, self.busy, self._since
         shared = None
         for i in flow.links:
             flows = on_link[i]
@@ -124,7 +129,7 @@ class FairSharing:
                     shared = []
                 shared.append(i)
             else:
-                self.busy[i] += now - self._since[i]
+                busy[i] += now - since[i]
         flow.remaining = 0.0
         if shared is not None:
             self._mark(shared)
