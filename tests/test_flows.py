@@ -10,7 +10,7 @@ import dsml
 from dsml.collectives import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.net import Topology, fat_tree, ring, star, torus2d, tree, two_level, fully_connected
-from dsml.net.topology import CUT_THROUGH_HOP, HOST_OVERHEAD
+from dsml.net import CUT_THROUGH_HOP, HOST_OVERHEAD
 
 LAT, BW = 1e-6, 10e9
 
