@@ -4,7 +4,7 @@
 from dsml.net.alphabeta import check_time_parameter
 
 
-# -- cell 68
+# -- cell 78
 import itertools
 import math
 import numbers
@@ -70,7 +70,7 @@ class Topology:
                         self.gamma)
 
 
-# -- cell 70
+# -- cell 80
 @add_to_class(Topology)
 def route(self, src: int, dst: int) -> list:
     """The directed links a message from rank src to rank dst crosses, in order."""
@@ -91,7 +91,7 @@ def attach(self, sim, world_size: int) -> None:
     self.link_busy = {link: 0.0 for link in self.links}   # total seconds occupied
 
 
-# -- cell 72
+# -- cell 82
 @add_to_class(Topology)
 def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, message) -> None:
     route = self.route(src, dst)
@@ -122,7 +122,7 @@ def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, messa
         hop((index, 0))
 
 
-# -- cell 74
+# -- cell 84
 def _check_count(name: str, value: int, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
@@ -161,7 +161,7 @@ def tree(p: int, arity: int = 2, latency: float = 1e-6, bandwidth: float = 10e9)
     return Topology(graph, list(range(p)), latency, bandwidth, name=f"tree({p}, arity={arity})")
 
 
-# -- cell 75
+# -- cell 85
 def torus2d(rows: int, cols: int, latency: float = 1e-6, bandwidth: float = 10e9) -> Topology:
     """A rows × cols grid with wrap-around links; host r·cols + c sits at (r, c)."""
     rows = _check_count("rows", rows, 1)
@@ -210,7 +210,7 @@ def fat_tree(leaves: int, per_leaf: int, spines: int, latency: float = 1e-6,
                     name=f"fat_tree({leaves} leaves × {per_leaf}, {spines} spines)")
 
 
-# -- cell 77
+# -- cell 87
 def diameter(topology: Topology) -> int:
     """The most hops on a shortest path between two hosts."""
     lengths = dict(nx.all_pairs_shortest_path_length(topology.graph))
