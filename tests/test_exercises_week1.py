@@ -27,6 +27,11 @@ def fraction_size_inverted(alpha, beta, fraction):
     return (1 - fraction) / fraction * alpha / beta
 
 
+# 1.1: Hockney's n½ = α/β whatever the fraction: f never enters.
+def fraction_size_n_half(alpha, beta, fraction):
+    return alpha / beta
+
+
 # 1.2: Hockney's n½ = α/β: ignores the hops and the chunks.
 def break_even_n_half(hops, chunks, alpha, beta):
     return alpha / beta
@@ -91,6 +96,11 @@ def loggp_n_gaps(nbytes, L, o, g, G):
     return o + nbytes * G + L + o
 
 
+# 1.6: adds the gap g, which spaces consecutive messages and does not enter a single one.
+def loggp_counts_gap(nbytes, L, o, g, G):
+    return o + (nbytes - 1) * G + L + o + g
+
+
 # 1.7: every rank receives before it sends: deadlock.
 def ring_pass_receive_first(comm, x, rounds):
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
@@ -113,6 +123,14 @@ def ring_pass_keeps_own(comm, x, rounds):
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     for _ in range(rounds):
         yield comm.sendrecv(right, x, left)
+    return x
+
+
+# 1.7: one round short: the loop starts at 1.
+def ring_pass_one_round_short(comm, x, rounds):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    for _ in range(1, rounds):
+        x = yield comm.sendrecv(right, x, left)
     return x
 
 
@@ -147,14 +165,14 @@ def bisection_half_hosts(rows, cols):
 
 
 WRONG = {
-    "1.1": [fraction_size_drops_n_beta, fraction_size_inverted],
+    "1.1": [fraction_size_drops_n_beta, fraction_size_inverted, fraction_size_n_half],
     "1.2": [break_even_n_half, break_even_h_not_h_minus_1, break_even_slightly_low],
     "1.3": [two_level_one_inter_hop, two_level_no_intra_hops],
     "1.4": [chunks_with_h, chunks_unrounded, chunks_rounded_to_nearest],
     "1.5": [shifted_p_steps, shifted_bandwidth_once],
-    "1.6": [loggp_one_overhead, loggp_n_gaps],
+    "1.6": [loggp_one_overhead, loggp_n_gaps, loggp_counts_gap],
     "1.7": [ring_pass_receive_first, ring_pass_leftward, ring_pass_keeps_own,
-            ring_pass_not_generator],
+            ring_pass_one_round_short, ring_pass_not_generator],
     "1.8": [ring_star_ignores_chunks, ring_star_ignores_switch,
             ring_star_chunks_not_pipelined],
     "1.9": [bisection_no_wraparound, bisection_half_hosts],
@@ -194,13 +212,66 @@ def test_deadlock_hint_says_every_rank_receives_first():
     assert "sendrecv" in message and "send before receiving" in message
 
 
-def test_hint_states_input_expected_and_returned():
+def test_fraction_hint_states_input_returned_and_what_it_achieves():
     message = grade("1.1", fraction_size_drops_n_beta).message
     assert "alpha=3e-06" in message and "beta=8e-11" in message       # the input
     assert "fraction=0.9" in message
-    assert "expected 337500 B" in message                              # the truth: 9·α/β
     assert "returned 33750 B" in message                               # the answer
     assert "0.4737 of the peak" in message                             # what it achieves
+    assert "too small" in message and "nβ in the denominator was dropped" in message
+    assert "f and 1 − f changed places" in grade("1.1", fraction_size_inverted).message
+    assert "answer for f = ½ only" in grade("1.1", fraction_size_n_half).message
+
+
+def test_fraction_hints_never_give_the_expected_size():
+    # A learner who collects the hints must not get a table of answers: answers right on the
+    # cases before case i and 10 % off on case i get hints without case i's size.
+    cases = [(3e-6, 8e-11, 0.9), (1.5e-4, 1e-9, 0.25), (2e-6, 5e-11, 0.5)]
+    for i, (alpha, beta, fraction) in enumerate(cases):
+        truth = solution.size_for_fraction(alpha, beta, fraction)
+
+        def off_on_case_i(a, b, f, i=i):
+            right = solution.size_for_fraction(a, b, f)
+            return 1.1 * right if (a, b, f) == cases[i] else right
+        message = grade("1.1", off_on_case_i).message
+        assert f"fraction={fraction:g}" in message
+        assert "too large" in message
+        for shown in (f"{truth:.6g}", f"{truth:g}", f"{truth:,.0f}", f"{truth:.0f}"):
+            assert shown not in message, (shown, message)
+
+
+def test_loggp_hints_name_the_mistake_and_never_the_derivation():
+    assert "receiving CPU pay one too" in grade("1.6", loggp_one_overhead).message
+    assert "first byte wait" in grade("1.6", loggp_n_gaps).message
+    assert "gap g is counted" in grade("1.6", loggp_counts_gap).message
+    fallback = grade("1.6", lambda nbytes, L, o, g, G: L).message
+    assert "too short" in fallback and "Perhaps" not in fallback
+    assert "n − 1" not in fallback and "o + " not in fallback and "expected" not in fallback
+    assert "Follow one message" in fallback
+
+
+def test_ring_pass_hints_tell_one_round_short_from_the_wrong_direction():
+    short = grade("1.7", ring_pass_one_round_short).message
+    wrong_way = grade("1.7", ring_pass_leftward).message
+    assert "p=5" in short and "rounds=2" in short
+    assert "one round short" in short and "wrong way" not in short
+    assert "wrong way" in wrong_way and "one round short" not in wrong_way
+    assert "kept its own array" in grade("1.7", ring_pass_keeps_own).message
+
+
+@pytest.mark.parametrize("exercise_id, arguments, stated", [
+    ("1.1", (10e-6, 4e-11, 0.8), 1_000_000),
+    ("1.2", (3, 4, 10e-6, 1e-9), 20_000),
+    ("1.3", (1e6, 1e-6, 100e9, 5e-6, 10e9), 232e-6),
+    ("1.4", (1e6, 3, 10e-6, 1e-9), 14),
+    ("1.5", (6, 1e6, 10e-6, 1e-10), 550e-6),
+    ("1.6", (1000, 2e-6, 1e-6, 3e-6, 1e-9), 4.999e-6),
+    ("1.8", (4, 1e6, 2, 5e-6, 10e9, 4), 300e-6),
+    ("1.9", (4, 8), 8),
+])
+def test_worked_examples_in_the_statements_are_right(exercise_id, arguments, stated):
+    # The example each statement types in is the reference solution's answer.
+    assert math.isclose(reference(exercise_id)(*arguments), stated, rel_tol=1e-9)
 
 
 def test_break_even_hint_says_which_side_is_wrong():

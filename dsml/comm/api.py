@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from dsml.utils import add_to_class
+
 # Size charged for the envelope of a structured message (a tuple or dict of arrays and
 # scalars), on top of its arrays; each scalar counts 8 bytes. A bare array costs its nbytes.
 STRUCT_HEADER_BYTES = 16
@@ -148,6 +150,7 @@ class SendRecv(Request):
                 f"while sending to rank {self.dst}")
 
 
+# -- cell 32
 class Compute(Request):
     """Spend `seconds` computing. The simulator advances time; real engines do nothing,
     since there the computation is the code itself."""
@@ -182,7 +185,7 @@ class Combine(Request):
         return f"combines {self.nbytes} B"
 
 
-# -- cell 32
+# -- cell 34
 class Comm:
     """A rank's view of the world: who it is, how many there are, and the requests it can make.
 
@@ -232,29 +235,36 @@ class Comm:
             return SendRecv(dst, payload, src, tag, payload.nbytes)
         return SendRecv(dst, payload, src, tag, payload_nbytes(payload))
 
-    def compute(self, seconds: float) -> Compute:
-        """Request: `seconds` of computation (simulated time; a no-op on real engines)."""
-        seconds = float(seconds)
-        if not seconds >= 0 or seconds == float("inf"):
-            raise ValueError(f"rank {self.rank}: compute seconds must be finite and ≥ 0, "
-                             f"got {seconds}")
-        return Compute(seconds)
 
-    def now(self) -> Now:
-        """Request: the current time in seconds (see Now)."""
-        return Now()
-
-    def combine(self, nbytes: int) -> Combine:
-        """Request: the cost of reducing `nbytes` bytes (γ·nbytes simulated; free for real)."""
-        if type(nbytes) is int and nbytes >= 0:
-            return Combine(nbytes)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
-            raise ValueError(f"rank {self.rank}: combine nbytes must be an integer ≥ 0, "
-                             f"got {nbytes!r}")
-        return Combine(int(nbytes))
+# -- cell 36
+@add_to_class(Comm)
+def compute(self, seconds: float) -> Compute:
+    """Request: `seconds` of computation (simulated time; a no-op on real engines)."""
+    seconds = float(seconds)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"rank {self.rank}: compute seconds must be finite and ≥ 0, "
+                         f"got {seconds}")
+    return Compute(seconds)
 
 
-# -- cell 34
+@add_to_class(Comm)
+def now(self) -> Now:
+    """Request: the current time in seconds (see Now)."""
+    return Now()
+
+
+@add_to_class(Comm)
+def combine(self, nbytes: int) -> Combine:
+    """Request: the cost of reducing `nbytes` bytes (γ·nbytes simulated; free for real)."""
+    if type(nbytes) is int and nbytes >= 0:
+        return Combine(nbytes)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+        raise ValueError(f"rank {self.rank}: combine nbytes must be an integer ≥ 0, "
+                         f"got {nbytes!r}")
+    return Combine(int(nbytes))
+
+
+# -- cell 38
 class RankError(RuntimeError):
     """A rank program failed (raised, crashed, or timed out); `.rank` says which."""
 

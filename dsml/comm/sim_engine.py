@@ -5,7 +5,7 @@ from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError
 from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Thrown, Trace
 
 
-# -- cell 38
+# -- cell 42
 from collections import deque
 
 from dsml.utils import add_to_class
@@ -63,7 +63,7 @@ class SimEngine:
             self.rows.append((rank, op, start, self.sim.now, src, dst, nbytes, tag))
 
 
-# -- cell 39
+# -- cell 43
 @add_to_class(SimEngine)
 def deliver(self, message) -> None:
     """A message (src, dst, tag, payload) has fully arrived: hand it to a posted receive
@@ -106,7 +106,7 @@ def receive(self, rank, src, tag, on_message) -> None:
     waiting.append(on_message)
 
 
-# -- cell 41
+# -- cell 45
 @add_to_class(SimEngine)
 def on_send(self, process, req):
     rank, start = process.pid, self.sim.now
@@ -136,6 +136,7 @@ def on_recv(self, process, req):
     return PENDING
 
 
+# -- cell 47
 class Exchange:
     """A rank's sendrecv in flight: it completes when both its send and its receive have.
 
@@ -181,6 +182,7 @@ class Exchange:
         self.process.resume(payload)
 
 
+# -- cell 49
 @add_to_class(SimEngine)
 def on_sendrecv(self, process, req):
     rank = process.pid
@@ -223,6 +225,7 @@ def exchange_for(self, process) -> Exchange:
     return others[process]
 
 
+# -- cell 51
 @add_to_class(SimEngine)
 def on_compute(self, process, req):
     return self.spend(process, "compute", req.seconds, 0)
@@ -255,7 +258,7 @@ def spend(self, process, op, seconds, nbytes):
     return PENDING
 
 
-# -- cell 43
+# -- cell 53
 @add_to_class(SimEngine)
 def run(self, program, args=(), kwargs=None, max_events=None) -> RunResult:
     for rank in range(self.world_size):

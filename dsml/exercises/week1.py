@@ -1,8 +1,10 @@
 """Plumbing (hand-written): the checkers of week 1's exercises (foundations and communication).
 
 Each checker calls the learner's function on inputs different from the worked example in
-the notebook and raises `Wrong` with a hint that says what was tried, what was expected,
-what came back and what to reconsider. Where the answer is a claim about the simulator
+the notebook and raises `Wrong` with a hint that says what was tried, what came back, what was
+expected and what to reconsider. Where the expected values would add up to a table of answers
+(1.1, 1.6: closed forms with no simulation behind them), a hint says instead which way the
+answer is off and which plausible mistake gives that number, phrased as a possibility. Where the answer is a claim about the simulator
 (a message across a two-level network, the shifted exchange, the ring pass on a star, the
 torus bisection), the checker measures the truth with the engines and topologies of the
 lower layers rather than assuming a formula.
@@ -41,21 +43,33 @@ def _pipelined_time(nbytes, hops, chunks, alpha, beta):
 
 @checker("1.1", "size for a fraction of the peak")
 def check_size_for_fraction(size_for_fraction):
-    # f = 0.5 last: there f/(1 − f) = (1 − f)/f = 1, so it cannot tell those two apart.
+    # The first case tells the plausible mistakes apart (at f = 0.9: f·α/β, (1 − f)/f·α/β and
+    # α/β all differ from the answer and from each other); f = 0.5 comes last, since there
+    # f/(1 − f) = (1 − f)/f = 1. A hint says what the returned size achieves and which way it
+    # is off, never the size expected: the hints cannot be collected into a table of answers.
     for alpha, beta, fraction in [(3e-6, 8e-11, 0.9), (1.5e-4, 1e-9, 0.25),
                                   (2e-6, 5e-11, 0.5)]:
         what = f"size_for_fraction(alpha={alpha:g}, beta={beta:g}, fraction={fraction:g})"
         got = as_float(size_for_fraction(alpha, beta, fraction), what)
         expected = fraction / (1 - fraction) * alpha / beta
-        if not np.isclose(got, expected, rtol=1e-9, atol=0.0):
-            reached = ""
-            if got > 0:
-                achieved = got / (alpha + got * beta) * beta
-                reached = f"At {got:.6g} B the bandwidth n/(α + nβ) is {achieved:.4g} of the " \
-                          f"peak 1/β, not {fraction:g}. "
-            raise Wrong(f"{what} returned {got:.6g} B, expected {expected:.6g} B. {reached}"
-                        f"Set n/(α + nβ) = f/β and solve for n: collect the terms in n on "
-                        f"one side.")
+        if np.isclose(got, expected, rtol=1e-9, atol=0.0):
+            continue
+        solve = "Set n/(α + nβ) = f/β and solve for n: collect the terms in n on one side."
+        if not (got > 0 and math.isfinite(got)):
+            raise Wrong(f"{what} returned {got:.6g} B; a message size is a finite number > 0 "
+                        f"(and a larger share of the peak needs a larger message). {solve}")
+        achieved = got / (alpha + got * beta) * beta
+        way = "too small" if got < expected else "too large"
+        hint = (f"{what} returned {got:.6g} B. At that size the bandwidth n/(α + nβ) is "
+                f"{achieved:.4g} of the peak 1/β, not {fraction:g}: your size is {way}. ")
+        if np.isclose(got, fraction * alpha / beta, rtol=1e-9):
+            hint += ("It is f·α/β: perhaps the nβ in the denominator was dropped, or moved "
+                     "to the other side without its factor f? ")
+        elif np.isclose(got, (1 - fraction) / fraction * alpha / beta, rtol=1e-9):
+            hint += "It looks as if f and 1 − f changed places somewhere in the solving. "
+        elif np.isclose(got, alpha / beta, rtol=1e-9):
+            hint += "It is n½ = α/β, the answer for f = ½ only: where does f enter? "
+        raise Wrong(hint + solve)
 
 
 # --- 1.2 ----------------------------------------------------------------------------------
@@ -214,15 +228,35 @@ def _loggp_time(nbytes, L, o, g, G):
 
 @checker("1.6", "one message in LogGP")
 def check_loggp_time(loggp_time):
+    # The first case gives every single-term mistake its own difference: o = 1.5 µs,
+    # L = 5 µs, g = 4 µs, 2o = 3 µs, G = 0.2 ns, (n − 1)G ≈ 0.2 µs.
     for nbytes, L, o, g, G in [(1024, 5e-6, 1.5e-6, 4e-6, 2e-10),
                                (65_536, 2e-6, 3e-7, 1e-6, 1e-9),
                                (1, 8e-6, 1e-6, 2e-6, 5e-10)]:
-        expect_close(loggp_time(nbytes, L, o, g, G), _loggp_time(nbytes, L, o, g, G),
-                     f"loggp_time(nbytes={nbytes}, L={L:g}, o={o:g}, g={g:g}, G={G:g})",
-                     "Walk the message through: the sender's CPU overhead o, the first byte "
-                     "leaves and each of the remaining n − 1 bytes follows G later, the last "
-                     "byte flies for L, then the receiver's CPU overhead o. The gap g only "
-                     "spaces consecutive messages.", unit="s")
+        what = f"loggp_time(nbytes={nbytes}, L={L:g}, o={o:g}, g={g:g}, G={G:g})"
+        got = as_float(loggp_time(nbytes, L, o, g, G), what)
+        expected = _loggp_time(nbytes, L, o, g, G)
+        if np.isclose(got, expected, rtol=1e-9, atol=0.0):
+            continue
+        missing = expected - got              # > 0: a cost left out; < 0: one too many
+        named = [(o, "one CPU overhead o is missing: does the receiving CPU pay one too?"),
+                 (2 * o, "no CPU overhead is counted: what do sending and receiving cost "
+                         "the processors?"),
+                 (L, "the latency L is missing: how long does the last byte fly?"),
+                 ((nbytes - 1) * G, "the bytes that follow the first are not counted: "
+                                    "when does the last one leave?"),
+                 (-G, "one G too many: does the first byte wait for a gap per byte?"),
+                 (-g, "the gap g is counted: does a single message wait for it?"),
+                 (-L, "L is counted twice: the bytes fly in a pipeline, not one after "
+                      "another")]
+        guesses = [text for amount, text in named
+                   if amount != 0 and np.isclose(missing, amount, rtol=1e-6)]
+        way = "short" if got < expected else "long"
+        hint = (f"{what} returned {got:.6g} s, which is too {way}. "
+                + (f"Perhaps {' Or perhaps '.join(guesses)} " if guesses else ""))
+        raise Wrong(hint + "Follow one message from the sending CPU to the receiving CPU: "
+                    "what does each CPU spend, when has the last byte left, and how long "
+                    "does a byte fly? Which parameter matters only between two messages?")
 
 
 # --- 1.7 ----------------------------------------------------------------------------------
@@ -250,10 +284,28 @@ def _rank_program_result(program, world_size: int, network, context: str):
                     f"{str(failure).splitlines()[0].rstrip(':')}") from None
 
 
+def _ring_pass_diagnosis(p: int, rounds: int, rank: int, origin) -> str:
+    """Which plausible mistakes move an array from rank `origin` to `rank` in `rounds` rounds
+    on p ranks: named as possibilities, since on some (p, rounds) two give the same shift."""
+    if origin is None:
+        return ""
+    shift = (rank - origin) % p
+    mistakes = [((rounds - 1) % p, "the loop ran one round short (does it run `rounds` times?)"),
+                ((-rounds) % p, "the arrays went the wrong way (to the left, not the right)"),
+                ((rounds + 1) % p, "the loop ran one round too many"),
+                (0, "each rank kept its own array (is what arrives kept?)")]
+    matches = [text for moved, text in mistakes if moved == shift]
+    if not matches:
+        return ""
+    return "Possibly " + "; or ".join(matches) + ". "
+
+
 @checker("1.7", "ring pass")
 def check_ring_pass(ring_pass):
     network = AlphaBeta(alpha=1e-6, beta=1e-9)
-    for p, rounds in [(3, 2), (5, 1), (5, 3), (2, 1), (3, 4), (5, 7)]:
+    # p = 5, two rounds first: one round short (shift 1), the wrong direction (shift 3)
+    # and keeping one's own array (shift 0) then each end on a different array.
+    for p, rounds in [(5, 2), (3, 2), (5, 1), (5, 3), (2, 1), (3, 4), (5, 7)]:
         start = [np.arange(4.0) + 10.0 * rank for rank in range(p)]
         context = f"ring_pass with p={p} ranks and rounds={rounds} (rank r starts with " \
                   f"np.arange(4.0) + 10·r)"
@@ -279,9 +331,10 @@ def check_ring_pass(ring_pass):
                                and np.array_equal(got, start[r])), None)
                 source = "" if origin is None else f", the array that started on rank {origin}"
                 raise Wrong(f"{context}: rank {rank} ended with {got!r}{source}; expected "
-                            f"{expected!r}, which started on rank {(rank - rounds) % p}. Each "
-                            f"round a rank sends to its right neighbour (rank + 1) mod p and "
-                            f"keeps what arrives from its left neighbour (rank − 1) mod p.")
+                            f"the array that started on rank {(rank - rounds) % p}. "
+                            + _ring_pass_diagnosis(p, rounds, rank, origin)
+                            + "Each round a rank sends to its right neighbour (rank + 1) mod p "
+                            "and keeps what arrives from its left neighbour (rank − 1) mod p.")
 
 
 # --- 1.8 ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 36
+# -- cell 40
 import math
 from heapq import heappush
 

@@ -16,7 +16,7 @@ def effective_bandwidth(nbytes, alpha: float, beta: float):
     return nbytes / (alpha + nbytes * beta)
 
 
-# -- cell 56
+# -- cell 72
 def fit_alpha_beta(sizes, times) -> tuple[float, float]:
     """Least-squares fit of T(n) = α + nβ to measured one-way times.
 

@@ -4,7 +4,7 @@
 from dsml.net.alphabeta import check_time_parameter
 
 
-# -- cell 62
+# -- cell 78
 import itertools
 import math
 import numbers
@@ -66,7 +66,7 @@ class Topology:
         self._routes, self._route_latency = {}, {}
 
 
-# -- cell 64
+# -- cell 80
 @add_to_class(Topology)
 def __repr__(self):
     return (f"Topology({self.name!r}, {len(self.hosts)} hosts, {self.graph.number_of_edges()} "
@@ -114,7 +114,7 @@ def attach(self, sim, world_size: int) -> None:
     self.link_bytes = {link: 0 for link in self.links}    # total bytes carried
 
 
-# -- cell 66
+# -- cell 82
 @add_to_class(Topology)
 def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, message) -> None:
     if self.flows is not None:            # sharing="fair": one flow over the whole route
@@ -152,7 +152,7 @@ def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, messa
             hop((index, 0))
 
 
-# -- cell 68
+# -- cell 84
 # Realistic values for `latency` (per hop) and `overhead` (per message); the builders keep
 # today's defaults (1 µs a hop, no overhead), which week 1's figures were drawn with.
 CUT_THROUGH_HOP = 300e-9   # s: cut-through Ethernet switches forward in 250 ns (Cisco Nexus
@@ -206,7 +206,7 @@ def tree(p: int, arity: int = 2, latency: float = 1e-6, bandwidth: float = 10e9,
                     overhead=overhead, sharing=sharing)
 
 
-# -- cell 69
+# -- cell 85
 def torus2d(rows: int, cols: int, latency: float = 1e-6, bandwidth: float = 10e9, *,
             overhead: float = 0.0, sharing: str = "fifo") -> Topology:
     """A rows × cols grid with wrap-around links; host r·cols + c sits at (r, c)."""
@@ -268,7 +268,7 @@ def fat_tree(leaves: int, per_leaf: int, spines: int, latency: float = 1e-6,
                     name=f"fat_tree({leaves} leaves × {per_leaf}, {spines} spines)")
 
 
-# -- cell 71
+# -- cell 87
 def diameter(topology: Topology) -> int:
     """The most hops on a shortest path between two hosts."""
     lengths = dict(nx.all_pairs_shortest_path_length(topology.graph))
