@@ -130,7 +130,7 @@ class Simulator:
         self.on_failure = None
         # The guard against programs that never end (see run): `budget` steps are left
         # before `limits` next checks max_events and the wall clock.
-        self.limits = Limits()
+        self.limits = Limits(error=LimitExceeded)
         self.limits.start(self)
         self.tracks = Tracks()        # which track of a trace each process is drawn on
 
@@ -166,7 +166,7 @@ def run(self, max_events: int | None = None, timeout: float | None = None) -> fl
     requests answered at once — or `timeout` seconds of wall-clock time (None: the defaults,
     DEFAULT_MAX_EVENTS and DEFAULT_TIMEOUT of dsml.sim_support).
     """
-    self.limits = Limits(max_events, timeout)     # checks both arguments
+    self.limits = Limits(max_events, timeout, LimitExceeded)   # checks both arguments
     self.limits.start(self)
     heap = self._heap
     pop = heapq.heappop

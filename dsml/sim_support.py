@@ -49,7 +49,8 @@ def check_timeout(timeout) -> float:
 class Limits:
     """The guard of one `Simulator.run`: at most `max_events` steps and `timeout` seconds."""
 
-    def __init__(self, max_events=None, timeout=None):
+    def __init__(self, max_events=None, timeout=None, error=RuntimeError):
+        self.error = error       # the class to raise: dsml.sim's LimitExceeded (or a notebook's)
         self.max_events = check_max_events(max_events)
         self.timeout = check_timeout(timeout)
         self.used = 0            # steps taken before the current budget was granted
@@ -76,10 +77,8 @@ class Limits:
         self.granted = min(CHECK_EVERY, self.max_events - self.used)
         sim.budget = self.granted
 
-    @staticmethod
-    def exceeded(sim, limit: str, advice: str):
-        from dsml.sim import LimitExceeded      # dsml.sim imports this module: import it late
-        error = LimitExceeded(limit_message(sim, limit, advice))
+    def exceeded(self, sim, limit: str, advice: str):
+        error = self.error(limit_message(sim, limit, advice))
         error.waiting = [p for p in sim.processes if not p.done]
         return error
 
@@ -89,7 +88,8 @@ def limit_message(sim, limit: str, advice: str) -> str:
     (its request, as in a deadlock report; the first SHOWN of them)."""
     from dsml.sim import describe_wait      # dsml.sim imports this module: import it late
     waiting = [p for p in sim.processes if not p.done]
-    lines = [f"{p.name} {describe_wait(p.waiting_for)}" for p in waiting[:SHOWN]]
+    lines = [f"{p.name} " + ("has not started" if p.waiting_for is None
+                             else describe_wait(p.waiting_for)) for p in waiting[:SHOWN]]
     if len(waiting) > SHOWN:
         lines.append(f"… and {len(waiting) - SHOWN} more")
     return (f"stopped after {limit} at t={sim.now:.9g} s; a program that never ends? "

@@ -541,8 +541,10 @@ def test_a_loop_of_requests_answered_at_once_is_stopped_by_max_events(request_):
             yield eval(f"comm.{request_}")
     with pytest.raises(LimitExceeded, match=r"stopped after max_events=1,000 steps") as info:
         dsml.run(loop, 2, network=NET, max_events=1000)
-    # It names what each rank was doing, as a deadlock report does.
-    assert "rank 0 " in str(info.value) and "rank 1 " in str(info.value)
+    # It names what each rank was doing, as a deadlock report does: rank 0 never gave the
+    # event loop back, so rank 1 never started.
+    assert f"\n  rank 0 {info.value.waiting[0].waiting_for.describe()}\n" in str(info.value)
+    assert "\n  rank 1 has not started\n" in str(info.value)
     assert {p.name for p in info.value.waiting} == {"rank 0", "rank 1"}
 
 
