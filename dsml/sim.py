@@ -7,7 +7,7 @@ import itertools
 import json
 from typing import Any, Callable, NamedTuple
 
-from dsml.sim_support import Limits, Tracks, chrome_names, message_flows
+from dsml.sim_support import Limits, Tracks, chrome_names, lay_out, message_flows
 from dsml.utils import add_to_class
 
 
@@ -254,10 +254,11 @@ def to_chrome(self, path=None) -> dict:
     Perfetto keeps), so that slices that touch never overlap by a rounding error. Written
     to `path` if given; the output is deterministic (sorted events and keys).
     """
+    records = lay_out(self.records)   # real engines' records of activities: see sim_support
     width = max(self.ranks(), default=0) + 1     # track k of rank r is thread r + k·width
-    events = chrome_names(self.records, width)   # process and thread names (sim_support)
+    events = chrome_names(records, width)        # process and thread names (sim_support)
     # Enclosing slices first: at equal starts, the one that ends later.
-    for r in sorted(self.records, key=lambda r: (r.rank, r.track, r.start, -r.end)):
+    for r in sorted(records, key=lambda r: (r.rank, r.track, r.start, -r.end)):
         args = {"nbytes": r.nbytes, "tag": r.tag}
         if r.src >= 0:
             args["src"] = r.src
@@ -267,7 +268,7 @@ def to_chrome(self, path=None) -> dict:
         events.append({"ph": "X", "name": r.op, "cat": r.op, "pid": r.rank,
                        "tid": r.rank + r.track * width, "ts": start / 1e3,
                        "dur": (end - start) / 1e3, "args": args})
-    events += message_flows(self.records, width)     # send -> receive arrows (sim_support)
+    events += message_flows(records, width)     # send -> receive arrows (sim_support)
     document = {"traceEvents": events, "displayTimeUnit": "ns"}
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:

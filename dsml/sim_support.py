@@ -132,6 +132,29 @@ class Tracks:
 
 # --- the Chrome trace-event format (Trace.to_chrome) ----------------------------------------
 
+def lay_out(records) -> list:
+    """The records, each on a track of its rank where it nests in or follows every other slice
+    (the format's rule; times in whole ns, as exported). The simulator's records keep it as they
+    are, a track per activity; the real engines' carry no track (0), so a rank running
+    activities (week 3) has slices there that overlap in part: each of those moves to the next
+    track of its rank that takes it."""
+    open_ends: dict = {}       # (rank, track) -> ends of the open slices, innermost last
+    placed = []
+    for r in sorted(records, key=lambda r: (r.rank, r.start, -r.end)):
+        start, end = round(r.start * 1e9), round(r.end * 1e9)
+        track = r.track
+        while True:
+            ends = open_ends.setdefault((r.rank, track), [])
+            while ends and ends[-1] <= start:        # slices over before this one starts
+                ends.pop()
+            if not ends or end <= ends[-1]:          # free, or inside the innermost open one
+                ends.append(end)
+                break
+            track += 1
+        placed.append(r if track == r.track else r._replace(track=track))
+    return placed
+
+
 def track_name(rank: int, track: int) -> str:
     return f"rank {rank}" if track == 0 else f"rank {rank} · activity track {track}"
 
