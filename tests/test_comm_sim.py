@@ -631,3 +631,13 @@ def test_the_right_call_runs():
         x = yield from exchange(comm, np.ones(2))
         return x
     assert [list(v) for v in dsml.run(right, 2, network=NET).values] == [[2, 2], [2, 2]]
+
+
+def test_sending_a_collective_that_never_ran_hints_at_yield_from():
+    def wrong(comm):
+        x = exchange(comm, np.ones(2))                  # a generator, not an array
+        if comm.rank == 0:
+            yield comm.send(1, x)
+    with pytest.raises(RankError, match=r"got generator \(a collective called without "
+                       r"`yield from`\?\)"):
+        dsml.run(wrong, 2, network=NET)
