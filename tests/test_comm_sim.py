@@ -641,3 +641,11 @@ def test_sending_a_collective_that_never_ran_hints_at_yield_from():
     with pytest.raises(RankError, match=r"got generator \(a collective called without "
                        r"`yield from`\?\)"):
         dsml.run(wrong, 2, network=NET)
+
+
+def test_yielding_a_collective_uncalled_says_use_yield_from():
+    def wrong(comm):
+        yield exchange                                  # not even called
+    with pytest.raises(RankError, match=r"rank 0 yielded the generator function exchange "
+                       r"itself, not a request; call a collective with `yield from`"):
+        dsml.run(wrong, 2, network=NET)

@@ -7,6 +7,7 @@ the rank may return. Both get a message that says to use `yield from`.
 """
 from __future__ import annotations
 
+import inspect
 import types
 
 from dsml.comm.api import RankError, request_choices
@@ -23,6 +24,9 @@ def not_a_request(request) -> str:
     if isinstance(request, types.GeneratorType):
         return (f"yielded a generator ({generator_name(request)}(...)), not a request; "
                 f"{USE_YIELD_FROM}")
+    if inspect.isgeneratorfunction(request):
+        return (f"yielded the generator function {generator_name(request)} itself, not a "
+                f"request; {USE_YIELD_FROM}")
     return f"yielded {request!r}, which is not a request; yield one of {request_choices()}"
 
 
