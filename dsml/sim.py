@@ -7,6 +7,7 @@ import itertools
 import json
 from typing import Any, Callable, NamedTuple
 
+from dsml.sim_support import Limits, Tracks, chrome_names, lay_out, message_flows
 from dsml.utils import add_to_class
 
 
@@ -34,14 +35,8 @@ class ProcessFailed(SimulationError):
         super().__init__(f"{process.name} raised {type(error).__name__}: {error}")
 
 
-def describe_wait(request: Any) -> str:
-    """What a process waits for, in words (requests may define describe())."""
-    describe = getattr(request, "describe", None)
-    return describe() if describe else f"waits on {request!r}"
-
-
-# -- cell 14
-PENDING = object()    # a handler's answer meaning "not yet: resume() will be called later"
+class LimitExceeded(SimulationError):
+    """The run reached `max_events` steps or `timeout` seconds (dsml.sim_support.Limits)."""
 
 
 class Thrown:
@@ -52,6 +47,16 @@ class Thrown:
         self.error = error
 
 
+def describe_wait(request: Any) -> str:
+    """What a process waits for, in words (requests may define describe())."""
+    describe = getattr(request, "describe", None)
+    return describe() if describe else f"waits on {request!r}"
+
+
+# -- cell 14
+PENDING = object()    # a handler's answer meaning "not yet: resume() will be called later"
+
+
 class Process:
     """A generator driven by the simulator.
 
@@ -60,7 +65,7 @@ class Process:
     """
 
     __slots__ = ("sim", "pid", "name", "gen", "handler", "done", "value",
-                 "finish_time", "waiting_for")
+                 "finish_time", "waiting_for", "track")
 
     def __init__(self, sim: "Simulator", pid: int, name: str, gen, handler: Callable):
         self.sim = sim
@@ -72,6 +77,7 @@ class Process:
         self.value = None
         self.finish_time = None
         self.waiting_for = None
+        self.track = 0              # its track in a trace (set by Simulator.spawn)
 
     def resume(self, value: Any = None) -> None:
         """Send `value` into the generator and hand its requests to the handler, until
@@ -100,6 +106,9 @@ class Process:
             value = self.handler(self, request)
             if value is PENDING:
                 return
+            if self.sim.budget <= 0:          # answered at once: a step too (see run)
+                self.sim.limits.check(self.sim)
+            self.sim.budget -= 1
 
 
 # -- cell 16
@@ -119,6 +128,11 @@ class Simulator:
         # on_failure(process, error) -> True if the failure is handled (the process simply
         # ends); None: a process that raises stops the simulation (ProcessFailed).
         self.on_failure = None
+        # The guard against programs that never end (see run): `budget` steps are left
+        # before `limits` next checks max_events and the wall clock.
+        self.limits = Limits(error=LimitExceeded)
+        self.limits.start(self)
+        self.tracks = Tracks()        # which track of a trace each process is drawn on
 
     def at(self, time: float, callback: Callable, argument: Any = None) -> None:
         """Run `callback(argument)` at simulated `time` (seconds, not before now)."""
@@ -136,6 +150,7 @@ class Simulator:
         `processes` unless given (week 3's second activity of a rank shares the rank's)."""
         pid = len(self.processes) if pid is None else pid
         process = Process(self, pid, name or f"process {pid}", gen, handler)
+        process.track = self.tracks.place(process)
         self.processes.append(process)
         self.at(self.now, process.resume, None)
         return process
@@ -143,22 +158,24 @@ class Simulator:
 
 # -- cell 18
 @add_to_class(Simulator)
-def run(self, max_events: int | None = None) -> float:
+def run(self, max_events: int | None = None, timeout: float | None = None) -> float:
     """Process events until none is left; return the final time.
 
-    Raises DeadlockError if processes still wait when the heap is empty, and
-    SimulationError after `max_events` events (a guard against programs that never end).
+    Raises DeadlockError if processes still wait when the heap is empty, and LimitExceeded
+    (a guard against programs that never end) after `max_events` steps — events, and
+    requests answered at once — or `timeout` seconds of wall-clock time (None: the defaults,
+    DEFAULT_MAX_EVENTS and DEFAULT_TIMEOUT of dsml.sim_support).
     """
+    self.limits = Limits(max_events, timeout, LimitExceeded)   # checks both arguments
+    self.limits.start(self)
     heap = self._heap
     pop = heapq.heappop
-    limit = -1 if max_events is None else max_events
     count = 0
     try:
         while heap:
-            if count == limit:
-                raise SimulationError(
-                    f"stopped after max_events={max_events} events at t={self.now:.9g} s; a "
-                    f"process that never ends? Raise max_events to let it run longer")
+            if self.budget <= 0:
+                self.limits.check(self)          # raises LimitExceeded past a limit
+            self.budget -= 1
             time, _, callback, argument = pop(heap)
             self.now = time
             callback(argument)
@@ -176,7 +193,8 @@ class TraceRecord(NamedTuple):
     """One thing a rank did: `op` from `start` to `end` (seconds).
 
     `src`/`dst` are the ranks a message came from / went to (-1 if none), `nbytes`
-    its size, `tag` its tag.
+    its size, `tag` its tag; `track` which of the rank's tracks it is drawn on (0 but for
+    week 3's activities running beside the rank's program).
     """
     rank: int
     op: str
@@ -186,6 +204,7 @@ class TraceRecord(NamedTuple):
     dst: int = -1
     nbytes: int = 0
     tag: int = 0
+    track: int = 0
 
 
 class Trace:
@@ -199,13 +218,13 @@ class Trace:
         self.rows: list[tuple] = [tuple(r) for r in (records or [])]
         self._records: list[TraceRecord] = []
 
-    def add(self, rank, op, start, end, src=-1, dst=-1, nbytes=0, tag=0) -> None:
-        self.rows.append((rank, op, start, end, src, dst, nbytes, tag))
+    def add(self, rank, op, start, end, src=-1, dst=-1, nbytes=0, tag=0, track=0) -> None:
+        self.rows.append((rank, op, start, end, src, dst, nbytes, tag, track))
 
     @property
     def records(self) -> list[TraceRecord]:
         if len(self._records) != len(self.rows):
-            self._records = [TraceRecord._make(row) for row in self.rows]
+            self._records = [TraceRecord(*row) for row in self.rows]   # track may be left out
         return self._records
 
     def __len__(self) -> int:
@@ -227,23 +246,29 @@ class Trace:
 # -- cell 25
 @add_to_class(Trace)
 def to_chrome(self, path=None) -> dict:
-    """Chrome trace-event JSON (Perfetto, chrome://tracing): one track per rank.
+    """Chrome trace-event JSON (Perfetto, chrome://tracing): a process per rank, a track
+    per activity of it (the rank's program; week 3's activities beside it), and an arrow
+    from each send to its receive.
 
-    Times are in microseconds, as the format requires. Written to `path` if given;
-    the output is deterministic (sorted events and keys).
+    Times are in microseconds, as the format requires, rounded to whole nanoseconds (what
+    Perfetto keeps), so that slices that touch never overlap by a rounding error. Written
+    to `path` if given; the output is deterministic (sorted events and keys).
     """
-    events = []
-    for rank in self.ranks():
-        events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank,
-                       "args": {"name": f"rank {rank}"}})
-    for r in sorted(self.records, key=lambda r: (r.rank, r.start, r.end)):
+    records = lay_out(self.records)   # real engines' records of activities: see sim_support
+    width = max(self.ranks(), default=0) + 1     # track k of rank r is thread r + k·width
+    events = chrome_names(records, width)        # process and thread names (sim_support)
+    # Enclosing slices first: at equal starts, the one that ends later.
+    for r in sorted(records, key=lambda r: (r.rank, r.track, r.start, -r.end)):
         args = {"nbytes": r.nbytes, "tag": r.tag}
         if r.src >= 0:
             args["src"] = r.src
         if r.dst >= 0:
             args["dst"] = r.dst
-        events.append({"ph": "X", "name": r.op, "cat": r.op, "pid": 0, "tid": r.rank,
-                       "ts": r.start * 1e6, "dur": (r.end - r.start) * 1e6, "args": args})
+        start, end = round(r.start * 1e9), round(r.end * 1e9)        # nanoseconds
+        events.append({"ph": "X", "name": r.op, "cat": r.op, "pid": r.rank,
+                       "tid": r.rank + r.track * width, "ts": start / 1e3,
+                       "dur": (end - start) / 1e3, "args": args})
+    events += message_flows(records, width)     # send -> receive arrows (sim_support)
     document = {"traceEvents": events, "displayTimeUnit": "ns"}
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import dsml
 from dsml import DeadlockError, RankError, SizeOnly
+from dsml.sim import LimitExceeded
 from dsml.comm.api import SCALAR_BYTES, STRUCT_HEADER_BYTES, Comm, payload_nbytes
 from dsml.net import AlphaBeta
 
@@ -523,3 +524,128 @@ def test_a_rank_that_raises_when_woken_by_another_ranks_message_is_the_one_named
     with pytest.raises(RankError, match=r"rank 1 failed at t=5e-06 s: IndexError") as info:
         dsml.run(raises_after_recv, 2, network=AlphaBeta(5e-6, 0.0))
     assert info.value.rank == 1 and isinstance(info.value.__cause__, IndexError)
+
+
+# --- limits that bound a simulation (dsml.sim_support) ------------------------------
+
+def forever_computing(comm):
+    while True:
+        yield comm.compute(1e-3)
+
+
+@pytest.mark.parametrize("request_", ["compute(0)", "now()", "combine(0)"])
+def test_a_loop_of_requests_answered_at_once_is_stopped_by_max_events(request_):
+    """These requests cost no event: the guard counts them as steps all the same."""
+    def loop(comm):
+        while True:
+            yield eval(f"comm.{request_}")
+    with pytest.raises(LimitExceeded, match=r"stopped after max_events=1,000 steps") as info:
+        dsml.run(loop, 2, network=NET, max_events=1000)
+    # It names what each rank was doing, as a deadlock report does: rank 0 never gave the
+    # event loop back, so rank 1 never started.
+    assert f"\n  rank 0 {info.value.waiting[0].waiting_for.describe()}\n" in str(info.value)
+    assert "\n  rank 1 has not started\n" in str(info.value)
+    assert {p.name for p in info.value.waiting} == {"rank 0", "rank 1"}
+
+
+def test_a_never_ending_program_stops_at_the_default_guard_without_arguments():
+    from dsml import sim_support
+    with pytest.raises(LimitExceeded, match=r"rank 0 computes for 0.001 s"):
+        simulate_with_small_default(forever_computing, sim_support)
+
+
+def simulate_with_small_default(program, sim_support):
+    saved = sim_support.DEFAULT_MAX_EVENTS
+    sim_support.DEFAULT_MAX_EVENTS = 5_000
+    try:
+        return dsml.run(program, 2, network=NET)        # no max_events, no timeout
+    finally:
+        sim_support.DEFAULT_MAX_EVENTS = saved
+
+
+def test_the_wall_clock_timeout_stops_a_simulation():
+    with pytest.raises(LimitExceeded, match=r"stopped after timeout=0.05 s of wall-clock time"
+                       r".*\n  rank 0 computes for 0.001 s"):
+        dsml.run(forever_computing, 2, network=NET, timeout=0.05)
+
+
+def test_max_events_is_exact_and_a_run_within_it_is_untouched():
+    def steps(comm, n):
+        for _ in range(n):
+            yield comm.compute(0)                       # answered at once: one step each
+        return n
+    assert dsml.run(steps, 1, network=NET, args=(50,), max_events=51).values == [50]
+    with pytest.raises(LimitExceeded, match="max_events=50 steps"):
+        dsml.run(steps, 1, network=NET, args=(50,), max_events=50)
+
+
+@pytest.mark.parametrize("bad", [1.5, "10", float("nan"), -1, 0, True])
+def test_max_events_that_would_disable_the_guard_is_refused(bad):
+    with pytest.raises(ValueError, match=r"max_events must be an integer ≥ 1 .*got"):
+        dsml.run(forever_computing, 2, network=NET, max_events=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True])
+def test_a_bad_timeout_is_refused_on_the_simulator(bad):
+    with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds > 0"):
+        dsml.run(forever_computing, 2, network=NET, timeout=bad)
+
+
+def test_the_limit_report_lists_at_most_16_processes():
+    with pytest.raises(LimitExceeded, match=r"… and 4 more") as info:
+        dsml.run(forever_computing, 20, network=NET, max_events=100)
+    assert "20 process(es) had not finished" in str(info.value)
+
+
+# --- a collective called without `yield from` ---------------------------------------
+
+def exchange(comm, x):
+    """A stand-in collective: a generator function meant for `yield from`."""
+    peer = 1 - comm.rank
+    other = yield comm.sendrecv(peer, x, peer)
+    return x + other
+
+
+def test_yielding_a_collective_says_use_yield_from():
+    def wrong(comm):
+        x = yield exchange(comm, np.ones(2))            # should be `yield from`
+        return x
+    with pytest.raises(RankError, match=r"rank 0 yielded a generator \(exchange\(\.\.\.\)\), "
+                       r"not a request; call a collective with `yield from`, e.g. "
+                       r"`x = yield from allreduce\(comm, x\)`"):
+        dsml.run(wrong, 2, network=NET)
+
+
+def test_returning_a_collective_that_never_ran_says_use_yield_from():
+    def wrong(comm):
+        x = exchange(comm, np.ones(2))                  # never runs: no `yield from`
+        yield comm.compute(0)
+        return x
+    with pytest.raises(RankError, match=r"rank 0 returned a generator \(exchange\(\.\.\.\)\) "
+                       r"that never ran.*`yield from`"):
+        dsml.run(wrong, 2, network=NET)
+
+
+def test_the_right_call_runs():
+    def right(comm):
+        x = yield from exchange(comm, np.ones(2))
+        return x
+    assert [list(v) for v in dsml.run(right, 2, network=NET).values] == [[2, 2], [2, 2]]
+
+
+def test_sending_a_collective_that_never_ran_hints_at_yield_from():
+    def wrong(comm):
+        x = exchange(comm, np.ones(2))                  # a generator, not an array
+        if comm.rank == 0:
+            yield comm.send(1, x)
+    with pytest.raises(RankError, match=r"got generator \(a collective called without "
+                       r"`yield from`\?\)"):
+        dsml.run(wrong, 2, network=NET)
+
+
+def test_yielding_a_collective_uncalled_says_use_yield_from():
+    def wrong(comm):
+        yield exchange                                  # not even called
+    with pytest.raises(RankError, match=r"rank 0 yielded the generator function exchange "
+                       r"itself, not a request; call a collective with `yield from`"):
+        dsml.run(wrong, 2, network=NET)

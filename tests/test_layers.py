@@ -12,6 +12,7 @@ PACKAGE = ROOT / "dsml"
 LAYERS = {
     "dsml.utils": 0,
     "dsml.sim": 1,
+    "dsml.sim_support": 1,
     "dsml.net": 2,
     "dsml.comm": 3,
     "dsml.collectives": 4,

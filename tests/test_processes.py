@@ -104,7 +104,7 @@ def test_time_and_trace_records_for_each_rank(engine):
             assert 0 <= r.start <= r.end <= result.time
             assert r.src == (rank - 1) % 3 and r.dst == (rank + 1) % 3 and r.nbytes == 24
     document = result.trace.to_chrome()
-    assert sum(e["ph"] == "M" for e in document["traceEvents"]) == 3
+    assert sum(e["name"] == "thread_name" for e in document["traceEvents"]) == 3
 
 
 @pytest.mark.parametrize("engine", REAL_ENGINES)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import dsml
+from dsml.collectives import allreduce
 from dsml.sim import PENDING, DeadlockError, ProcessFailed, Simulator, Trace, TraceRecord
+from dsml.sim_support import partial_overlaps
 
 
 # --- a minimal request vocabulary, so these tests need nothing but dsml.sim ------------
@@ -236,7 +238,7 @@ def ring_program(comm, n, rounds):
 
 def chrome_bytes(result, tmp_path, name):
     path = tmp_path / name
-    result.trace.to_chrome(path)
+    assert partial_overlaps(result.trace.to_chrome(path)) == []
     return path.read_bytes()
 
 
@@ -263,11 +265,12 @@ def test_to_chrome_is_valid_json_with_one_track_per_rank_and_times_in_microsecon
     assert document == returned
     events = document["traceEvents"]
     names = [e for e in events if e["ph"] == "M"]
-    assert [(e["name"], e["tid"], e["args"]["name"]) for e in names] == [
-        ("thread_name", 0, "rank 0"), ("thread_name", 1, "rank 1")]
+    assert [(e["name"], e["pid"], e["tid"], e["args"]["name"]) for e in names] == [
+        ("process_name", 0, 0, "rank 0"), ("process_name", 1, 1, "rank 1"),
+        ("thread_name", 0, 0, "rank 0"), ("thread_name", 1, 1, "rank 1")]
     spans = [e for e in events if e["ph"] == "X"]
     assert len(spans) == len(result.trace)
-    assert {e["tid"] for e in spans} == {0, 1}
+    assert {(e["pid"], e["tid"]) for e in spans} == {(0, 0), (1, 1)}
     message = ALPHA + nbytes * BETA
     send0 = next(e for e in spans if e["tid"] == 0 and e["name"] == "send")
     assert send0["ts"] == 0.0
@@ -280,7 +283,8 @@ def test_to_chrome_is_valid_json_with_one_track_per_rank_and_times_in_microsecon
     compute1 = next(e for e in spans if e["name"] == "compute")
     assert compute1["tid"] == 1 and math.isclose(compute1["dur"], 1.0, rel_tol=1e-12)
     for e in spans:
-        assert e["pid"] == 0 and e["dur"] >= 0 and e["ts"] >= 0
+        assert e["pid"] == e["tid"] and e["dur"] >= 0 and e["ts"] >= 0
+    assert partial_overlaps(document) == []
 
 
 def test_to_chrome_output_file_is_sorted_and_compact(tmp_path):
@@ -291,9 +295,13 @@ def test_to_chrome_output_file_is_sorted_and_compact(tmp_path):
     text = path.read_text(encoding="utf-8")
     assert text.endswith("\n") and ": " not in text and ", " not in text
     events = json.loads(text)["traceEvents"]
-    assert [(e["ph"], e["tid"]) for e in events] == [("M", 0), ("M", 1), ("X", 0), ("X", 1)]
-    assert events[2]["ts"] == 0.0 and math.isclose(events[2]["dur"], 1.0)
-    assert math.isclose(events[3]["ts"], 2.0) and math.isclose(events[3]["dur"], 1.0)
+    assert [(e["ph"], e["tid"]) for e in events] == [("M", 0), ("M", 1), ("M", 0), ("M", 1),
+                                                     ("X", 0), ("X", 1), ("s", 0), ("f", 1)]
+    assert events[4]["ts"] == 0.0 and math.isclose(events[4]["dur"], 1.0)
+    assert math.isclose(events[5]["ts"], 2.0) and math.isclose(events[5]["dur"], 1.0)
+    # The arrow of the one message: from inside the send's slice to inside the receive's.
+    assert events[6]["id"] == events[7]["id"] and events[7]["bp"] == "e"
+    assert 0.0 < events[6]["ts"] < 1.0 and 2.0 < events[7]["ts"] < 3.0
 
 
 def test_trace_helpers():
@@ -323,3 +331,124 @@ def test_a_handler_may_answer_at_once():
     sim.run()
     assert process.value == 100_000
     assert sim.events_processed == 1          # only the start
+
+
+def test_requests_answered_at_once_count_toward_max_events():
+    """They cost no event, but an endless loop of them must still stop (dsml.sim_support)."""
+    from dsml.sim import LimitExceeded
+    sim = Simulator()
+
+    def endless():
+        while True:
+            yield "instant"
+
+    sim.spawn(endless(), lambda p, request: 1, name="spinner")
+    with pytest.raises(LimitExceeded, match=r"max_events=1,000 steps.*\n  spinner waits on "
+                       r"'instant'"):
+        sim.run(max_events=1000)
+
+
+# --- traces that Perfetto accepts: one track per activity, arrows for messages -----------
+
+def reduce_after(comm, previous, x):
+    """One bucket's all-reduce, after the previous bucket's (as week 3's DDP chains them)."""
+    done = [] if previous is None else (yield comm.join(previous))
+    total = yield from allreduce(comm, x)
+    return done + [float(total[0])]
+
+
+def overlapped_backward(comm, buckets=3, n=20_000):
+    """Backward in three parts; each bucket's all-reduce runs beside the next part."""
+    pending = None
+    for b in range(buckets):
+        yield comm.compute(100e-6)
+        pending = yield comm.spawn(reduce_after(comm, pending, np.full(n, comm.rank + b, float)))
+    return (yield comm.join(pending))
+
+
+def test_a_trace_with_spawned_activities_nests_on_every_track(tmp_path):
+    result = dsml.run(overlapped_backward, 4, network=dsml.net.AlphaBeta(ALPHA, BETA))
+    assert result.values == [[6.0, 10.0, 14.0]] * 4
+    path = tmp_path / "overlap.json"
+    document = result.trace.to_chrome(path)
+    assert json.loads(path.read_text(encoding="utf-8")) == document
+    assert partial_overlaps(document) == []
+    # Not vacuous: drawn on one track per rank, as before, the same records overlap in part.
+    assert len(partial_overlaps(_one_track_per_rank(result.trace))) > 0
+    # Each rank: its program and one track per activity running at once, named in metadata.
+    events = document["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads[(2, 2)] == "rank 2" and threads[(2, 2 + 4)] == "rank 2 · activity track 1"
+    assert sorted(threads) == sorted((r, r + k * 4) for r in range(4) for k in range(4))
+    assert {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"} == {
+        r: f"rank {r}" for r in range(4)}
+    # A join waiting inside an activity is drawn on that activity's track, not the program's.
+    joins = [r for r in result.trace if r.op == "join"]
+    assert {r.track for r in joins} == {0, 2, 3}        # bucket 0 had nothing to join
+
+
+def test_every_message_has_one_arrow_from_its_send_to_its_receive():
+    result = dsml.run(overlapped_backward, 4, network=dsml.net.AlphaBeta(ALPHA, BETA))
+    document = result.trace.to_chrome()
+    events = document["traceEvents"]
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    messages = sum(r.op == "sendrecv" for r in result.trace)   # the ring's only requests
+    assert len(starts) == len(ends) == messages
+    spans = [e for e in events if e["ph"] == "X"]
+    for number, s in starts.items():
+        f = ends[number]
+        assert f["bp"] == "e" and s["pid"] != f["pid"]
+        # Each end lies inside a sendrecv slice of its own track, and the head not before the tail.
+        for end in (s, f):
+            assert any(x["name"] == "sendrecv" and x["pid"] == end["pid"]
+                       and x["tid"] == end["tid"] and x["ts"] <= end["ts"] <= x["ts"] + x["dur"]
+                       for x in spans)
+        assert f["ts"] >= s["ts"]
+
+
+def test_partial_overlaps_finds_slices_that_cross():
+    def slice_(ts, dur, tid=0):
+        return {"ph": "X", "name": "x", "pid": 0, "tid": tid, "ts": ts, "dur": dur}
+    nested = {"traceEvents": [slice_(0, 10), slice_(2, 3), slice_(5, 5), slice_(10, 1)]}
+    assert partial_overlaps(nested) == []
+    crossing = {"traceEvents": [slice_(0, 10), slice_(5, 10), slice_(5, 10, tid=1)]}
+    assert len(partial_overlaps(crossing)) == 1
+
+
+def test_an_activity_reuses_the_track_of_one_that_has_finished():
+    def one_at_a_time(comm):
+        for _ in range(3):
+            handle = yield comm.spawn(compute_for(comm, 1e-6))
+            yield comm.join(handle)
+    result = dsml.run(one_at_a_time, 2, network=dsml.net.AlphaBeta(ALPHA, BETA))
+    computes = [r for r in result.trace if r.op == "compute"]
+    assert len(computes) == 6 and {r.track for r in computes} == {1}
+    assert {r.track for r in result.trace if r.op == "join"} == {0}
+
+
+def compute_for(comm, seconds):
+    yield comm.compute(seconds)
+
+
+def test_a_real_engine_s_trace_of_activities_nests_too():
+    """The threads engine records no track: to_chrome lays overlapping slices out on more."""
+    result = dsml.run(overlapped_backward, 4, engine="threads", timeout=60)
+    assert result.values == [[6.0, 10.0, 14.0]] * 4
+    assert {r.track for r in result.trace} == {0}
+    assert len(partial_overlaps(result.trace.to_chrome())) == 0
+    assert len(partial_overlaps(_one_track_per_rank(result.trace))) > 0     # not vacuous
+
+
+def _one_track_per_rank(trace):
+    """The export as it was: every record of a rank on one track."""
+    events = [{"ph": "X", "name": r.op, "pid": r.rank, "tid": r.rank, "ts": r.start * 1e6,
+               "dur": (r.end - r.start) * 1e6} for r in trace]
+    return {"traceEvents": events}
+
+
+def test_lay_out_keeps_a_valid_simulator_trace_as_it_is():
+    from dsml.sim_support import lay_out
+    result = dsml.run(overlapped_backward, 4, network=dsml.net.AlphaBeta(ALPHA, BETA))
+    assert sorted(lay_out(result.trace.records)) == sorted(result.trace.records)

@@ -71,7 +71,9 @@ def _struct_nbytes(payload: Any) -> int:
         return len(payload.encode())
     if isinstance(payload, _SCALARS):
         return SCALAR_BYTES
-    raise TypeError(f"{_PAYLOAD_RULE}; got {type(payload).__name__}")
+    hint = (" (a collective called without `yield from`?)"
+            if isinstance(payload, types.GeneratorType) else "")
+    raise TypeError(f"{_PAYLOAD_RULE}; got {type(payload).__name__}{hint}")
 
 
 def snapshot(payload: Any) -> Any:

@@ -19,11 +19,14 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     engine "sim": the discrete-event simulator over `network` (e.g. dsml.net.AlphaBeta);
     `time` is simulated seconds. engine "threads": one thread per rank in this process;
     engine "processes": one OS process per rank. On both, `time` is measured seconds from
-    a common start (after all ranks are up) to the last finish, and `timeout` (s) bounds
-    the run. engine "mpi": every process of an MPI job calls `run`, and each runs its
-    own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or None to
-    take it; every process gets the same RunResult. `trace=False` skips recording.
-    `max_events` (sim only) stops a simulation that would never end with an error.
+    a common start (after all ranks are up) to the last finish. `timeout` (s) bounds the run
+    on every engine (on "sim", in wall-clock seconds). engine "mpi": every process of an
+    MPI job calls `run`, and each runs its own rank (mpi4py; `dsml.comm.mpi`); `world_size`
+    must be the job's size, or None to take it; every process gets the same RunResult.
+    `trace=False` skips recording.
+    `max_events` (sim only) bounds a simulation's steps (events, and requests answered at
+    once; None: dsml.sim_support.DEFAULT_MAX_EVENTS); past it, or past `timeout`, the
+    simulator raises dsml.sim.LimitExceeded saying what each rank was doing.
     `failures`: "stop" (a rank that raises fails the run, naming the rank) or "notify"
     (week 4: the rank ends, and its peers' receives from it raise
     dsml.comm.failures.PeerFailed; `RunResult.failed` maps each failed rank to its error;
@@ -50,7 +53,8 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
         if network is None:
             raise ValueError("engine='sim' needs a network model, e.g. "
                              "network=dsml.net.AlphaBeta(alpha=5e-6, beta=1e-9)")
-        return simulate(program, world_size, network, args, kwargs, trace, max_events, failures)
+        return simulate(program, world_size, network, args, kwargs, trace, max_events, failures,
+                        timeout)
     if network is not None:
         raise ValueError(f"engine={engine!r} measures a real network; network= is only "
                          f"for engine='sim'")

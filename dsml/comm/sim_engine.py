@@ -1,13 +1,14 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, request_choices, snapshot, start_rank
+from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, snapshot, start_rank
 from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Thrown, Trace
 
 
 # -- cell 42
 from collections import deque
 
+from dsml.comm.mistakes import check_returned, not_a_request
 from dsml.utils import add_to_class
 
 
@@ -54,13 +55,14 @@ class SimEngine:
         try:
             handler = self.handlers[type(request)]
         except KeyError:
-            raise RankError(process.pid, f"yielded {request!r}, which is not a request; "
-                            f"yield one of {request_choices()}") from None
+            raise RankError(process.pid, not_a_request(request)) from None
         return handler(process, request)
 
-    def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0) -> None:
-        if self.rows is not None:
-            self.rows.append((rank, op, start, self.sim.now, src, dst, nbytes, tag))
+    def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0, track=None) -> None:
+        if self.rows is not None:     # track: the process's (None: Tracks.infer finds it)
+            if track is None:
+                track = self.sim.tracks.infer(rank, op)
+            self.rows.append((rank, op, start, self.sim.now, src, dst, nbytes, tag, track))
 
 
 # -- cell 43
@@ -112,7 +114,7 @@ def on_send(self, process, req):
     rank, start = process.pid, self.sim.now
 
     def sent(_):
-        self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag)
+        self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag, process.track)
         process.resume(None)
     self.network.transmit(rank, req.dst, req.nbytes, sent, self.deliver,
                           (rank, req.dst, req.tag, snapshot(req.payload)))
@@ -125,12 +127,14 @@ def on_recv(self, process, req):
     box = self.mailbox[rank].get((req.src, req.tag))
     if box:                                 # already here: answer at once
         payload = box.popleft()
-        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
+        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag,
+                    process.track)
         return payload
 
     def arrived(payload):
         if type(payload) is not Thrown:     # (a notice that the peer failed: week 4)
-            self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag)
+            self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag,
+                        process.track)
         process.resume(payload)
     self.receive(rank, req.src, req.tag, arrived)
     return PENDING
@@ -177,7 +181,7 @@ class Exchange:
         req = self.req
         if self.rows is not None:         # record() inlined
             self.rows.append((self.process.pid, "sendrecv", self.start, self.sim.now, req.src,
-                              req.dst, req.nbytes, req.tag))
+                              req.dst, req.nbytes, req.tag, self.process.track))
         payload, self.payload = self.payload, None
         self.process.resume(payload)
 
@@ -248,11 +252,11 @@ def spend(self, process, op, seconds, nbytes):
     """Let simulated time pass on one rank; no time at all is answered at once."""
     rank, start = process.pid, self.sim.now
     if seconds == 0:
-        self.record(rank, op, start, nbytes=nbytes)
+        self.record(rank, op, start, nbytes=nbytes, track=process.track)
         return None
 
     def done(_):
-        self.record(rank, op, start, nbytes=nbytes)
+        self.record(rank, op, start, nbytes=nbytes, track=process.track)
         process.resume(None)
     self.sim.after(seconds, done)
     return PENDING
@@ -260,12 +264,12 @@ def spend(self, process, op, seconds, nbytes):
 
 # -- cell 53
 @add_to_class(SimEngine)
-def run(self, program, args=(), kwargs=None, max_events=None) -> RunResult:
+def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
     for rank in range(self.world_size):
         gen = start_rank(program, Comm(rank, self.world_size), args, kwargs)
         self.sim.spawn(gen, self.handle, name=f"rank {rank}")
     try:
-        self.sim.run(max_events)
+        self.sim.run(max_events, timeout)
     except DeadlockError as deadlock:
         unread = self.unreceived()
         if unread:
@@ -280,6 +284,7 @@ def run(self, program, args=(), kwargs=None, max_events=None) -> RunResult:
                         ) from error
     self.check_all_received()
     processes = self.sim.processes[:self.world_size]    # the ranks (not their activities)
+    check_returned(processes)       # a rank that returned a generator: no `yield from`?
     finish = [p.finish_time for p in processes]
     return RunResult(values=[p.value for p in processes], time=max(finish),
                      trace=self.trace, engine="sim", world_size=self.world_size,
@@ -311,7 +316,8 @@ def describe_messages(messages) -> str:
 
 def simulate(program, world_size: int, network, args=(), kwargs=None,
              trace: bool = True, max_events: int | None = None,
-             failures: str = "stop") -> RunResult:
+             failures: str = "stop", timeout: float | None = None) -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`
-    (at most `max_events` events if given; `failures`: see SimEngine)."""
-    return SimEngine(world_size, network, trace, failures).run(program, args, kwargs, max_events)
+    (limits `max_events` and `timeout`: see Simulator.run; `failures`: see SimEngine)."""
+    return SimEngine(world_size, network, trace, failures).run(program, args, kwargs,
+                                                               max_events, timeout)

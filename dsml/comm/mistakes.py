@@ -1,0 +1,47 @@
+"""Plumbing (hand-written): the messages for a rank program's common mistakes, for every engine.
+
+The most common one: a collective (a generator function such as week 2's `allreduce`) called
+like a function. `yield allreduce(comm, x)` hands the engine a generator instead of a request,
+and `x = allreduce(comm, x)` does not run it at all — `x` is then a generator object, which
+the rank may return. Both get a message that says to use `yield from`.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+
+from dsml.comm.api import RankError, request_choices
+
+USE_YIELD_FROM = "call a collective with `yield from`, e.g. `x = yield from allreduce(comm, x)`"
+
+
+def generator_name(gen) -> str:
+    return getattr(gen, "__qualname__", None) or getattr(gen, "__name__", "?")
+
+
+def not_a_request(request) -> str:
+    """What to say (after "rank r ") when a rank program yielded something that is no request."""
+    if isinstance(request, types.GeneratorType):
+        return (f"yielded a generator ({generator_name(request)}(...)), not a request; "
+                f"{USE_YIELD_FROM}")
+    if inspect.isgeneratorfunction(request):
+        return (f"yielded the generator function {generator_name(request)} itself, not a "
+                f"request; {USE_YIELD_FROM}")
+    return f"yielded {request!r}, which is not a request; yield one of {request_choices()}"
+
+
+def returned_generator(value) -> str | None:
+    """What to say (after "rank r ") when a rank program returned `value`, if it is a generator
+    — a collective that was called without `yield from` and so never ran; else None."""
+    if not isinstance(value, types.GeneratorType):
+        return None
+    return (f"returned a generator ({generator_name(value)}(...)) that never ran: a collective "
+            f"called without `yield from`? {USE_YIELD_FROM}")
+
+
+def check_returned(processes) -> None:
+    """Raise RankError for the first rank whose program returned a generator."""
+    for process in processes:
+        message = returned_generator(process.value)
+        if message:
+            raise RankError(process.pid, message)
