@@ -270,7 +270,7 @@ def test_no_check_prints_n_a(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["allreduce", "--algorithm", "binomial"], "unknown allreduce algorithm 'binomial'"),
     (["alltoall", "--algorithm", "ring"], "unknown alltoall algorithm 'ring'"),
-    (["allreduce", "--world-size", "0"], "--world-size must be ≥ 1, got 0"),
+    (["allreduce", "--world-size", "0"], "--world-size must be in 1..1024, got 0"),
     (["broadcast", "--world-size", "4", "--root", "4"], "--root must be a rank in 0..3"),
     (["reduce", "--world-size", "2", "--root", "-1"], "--root must be a rank in 0..1"),
     (["allreduce", "-b", "64", "-e", "8"], "need 1 ≤ begin ≤ end"),

@@ -340,6 +340,7 @@ _PICKLED_HEAD = struct.Struct("<QB")
 _RAW_HEAD = struct.Struct("<QBqBB")   # frame length, kind, tag, ndim, length of the dtype code
 _REF_HEAD = struct.Struct("<QBqBBB")  # ... and the length of the segment's name
 _DIMS = [struct.Struct(f"<{ndim}q") for ndim in range(64 + 1)]
+_BIG_TAG = 1 << 63  # tags outside ±2**63 do not fit the raw headers: such frames are pickled
 _DTYPE_CODES = {}   # dtype -> its code (dtype.str as bytes), or None if it cannot go raw
 _DTYPES = {}        # code -> dtype
 
@@ -367,6 +368,8 @@ def encode_frame(tag, payload) -> bytes:
     bare reference to a segment and an acknowledgement; anything else is pickled (protocol
     5: NumPy keeps non-native byte orders there)."""
     kind = type(payload)
+    if not -_BIG_TAG <= tag < _BIG_TAG:       # any integer tag ≥ 0 works, as on every engine
+        kind = None
     if kind is np.ndarray and payload.flags.c_contiguous:
         code = _dtype_code(payload.dtype)
         if code is not None and payload.ndim <= 64:
@@ -382,7 +385,7 @@ def encode_frame(tag, payload) -> bytes:
             size = _REF_HEAD.size - 8 + len(code) + len(name) + 8 * ndim
             return b"".join((_REF_HEAD.pack(size, _REF, tag, ndim, len(code), len(name)), code,
                              name, _DIMS[ndim].pack(*payload.shape)))
-    elif tag == _ACK:
+    elif tag == _ACK and kind is not None:
         body = "\n".join(payload).encode()
         return _PICKLED_HEAD.pack(len(body) + 1, _NAMES) + body
     body = pickle.dumps((tag, payload), protocol=5)
