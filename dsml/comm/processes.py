@@ -52,7 +52,9 @@ with the `threads` engine). The transport:
 - **Clean-up.** Segments are named `dsml_<parent pid>_<run>_<rank>_<n>`. After every run,
   successful or not, the parent unlinks every segment with its run's prefix: from a listing of
   /dev/shm where there is one (Linux), else by trying every name the ranks counted in a shared
-  array (a rank counts a segment before creating it).
+  array (a rank counts a segment before creating it). A rank whose parent dies unlinks the
+  segments it created (`orphaned`), and each run first sweeps the segments of parents that no
+  longer exist (`sweep_segments`).
 
 Python's resource tracker: before 3.13 every `SharedMemory` — created *or attached* —
 registers with the tracker, which unlinks and warns about what is still registered when it
@@ -74,11 +76,16 @@ library's own set-threads function (OpenBLAS as NumPy's wheels bundle it, MKL, B
 ctypes. Spawned children get the variables in their environment before NumPy loads.
 
 Failure handling: the parent waits on every child's result pipe and process sentinel with
-a deadline. A rank that raises sends its traceback; a rank that dies is noticed through its
-sentinel; on timeout each unfinished rank's last request is read from a shared status array
-("rank 1 waits for a message from rank 0 (tag 0)"). In every case all children are killed
-and joined, and the run's shared-memory segments unlinked, before the error is raised. A
-child whose parent has gone away exits by itself (it checks once a second while it waits).
+a deadline, reading results without blocking. A rank that raises sends its traceback; a rank
+that dies is noticed through its sentinel (with failures="notify" it is a failed rank, and its
+peers see the end of its pipes without a goodbye frame); every 50 ms the parent asks
+`driver.hopeless` whether the run can still go on, and raises the deadlock at once if not; on
+timeout each unfinished rank's last request is read from a shared status array ("rank 1 waits
+for a message from rank 0 (tag 0)"), and a stopped process is named. In every case all children
+are killed and joined, and the run's shared-memory segments unlinked, before the error is
+raised — also when SIGTERM reaches the parent. A child whose parent has gone away exits by
+itself: SIGTERM from the kernel on Linux (PR_SET_PDEATHSIG), and everywhere a check of
+getppid() every 50 ms while busy and every second while it waits.
 """
 from __future__ import annotations
 

@@ -16,9 +16,11 @@ illustrate, and real processes to measure).
 
 Failure handling: threads cannot be killed. When a rank raises, or the run times out, the
 engine sets a cancellation flag; a blocked receive polls its queue with a short timeout and
-checks the flag, a send checks it too, so every rank ends at its next request (a rank stuck in
-its own code, never yielding, cannot be stopped: the error says so). The engine joins the
-threads before it raises. A timeout reports what each rank was waiting for.
+checks the flag, a send checks it too, and a busy rank checks it between requests every 50 ms,
+so every rank ends at its next request (a rank stuck in its own code, never yielding, cannot be
+stopped: the error says so). The engine joins the threads before it raises. A timeout reports
+what each rank was waiting for; a run that can never go on (`driver.hopeless`) is a
+DeadlockError at once.
 """
 from __future__ import annotations
 
