@@ -286,3 +286,37 @@ def test_a_collective_called_without_yield_from_says_use_yield_from(engine):
         with pytest.raises(RankError, match=r"rank [01] .*yielded a generator \(_allreduce_like\)"
                                             r", not a request; use `yield from`"):
             dsml.run(yields_the_collective, 2, engine=engine, **kwargs)
+
+
+# --- shared-memory workers (week 4's Hogwild!) --------------------------------------------------
+
+WORKERS_PARENT = textwrap.dedent("""
+    import os, sys
+    from dsml.comm.shared import SharedArrays, run_workers
+
+    def work(worker, w, directory):
+        open(os.path.join(directory, f"pid{worker}"), "w").write(str(os.getpid()))
+        while True:
+            w[worker] += 1.0
+
+    with SharedArrays() as shared:
+        w = shared.zeros((4,))
+        run_workers(work, 4, args=(w, sys.argv[1]), timeout=3600)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: PR_SET_PDEATHSIG")
+def test_shared_memory_workers_die_with_a_killed_parent(tmp_path):
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS_PARENT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    deadline = time.monotonic() + TIMEOUT
+    files = [tmp_path / f"pid{w}" for w in range(4)]
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in files]
+    parent.kill()
+    parent.wait()
+    wait_until_nothing_left(parent.pid, pids, within=5.0)
