@@ -810,7 +810,26 @@ def orphaned(signum=None, frame=None) -> None:
     if transport is not None:
         for name in list(transport.segments.owned):
             _unlink_quietly(name)
+        _forget_attached(transport.segments.attached)
     os._exit(ORPHANED if signum is None else 128 + signum)
+
+
+def _forget_attached(attached) -> None:
+    """Unregister the peers' segments this rank attached (attaching registers them with the
+    resource tracker before 3.13), which their owners unlink themselves: otherwise the
+    tracker, left alone once every rank has gone, warns about each. Skipped if this process
+    was interrupted while talking to the tracker (its lock is held: waiting would hang)."""
+    if sys.version_info >= (3, 13) or not attached:
+        return
+    lock = getattr(getattr(resource_tracker, "_resource_tracker", None), "_lock", None)
+    if lock is None or not lock.acquire(blocking=False):
+        return
+    lock.release()
+    for name in attached:
+        try:
+            resource_tracker.unregister("/" + name, "shared_memory")
+        except Exception:
+            return
 
 
 def _unlink_quietly(name) -> None:
