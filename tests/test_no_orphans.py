@@ -320,3 +320,49 @@ def test_shared_memory_workers_die_with_a_killed_parent(tmp_path):
     parent.kill()
     parent.wait()
     wait_until_nothing_left(parent.pid, pids, within=5.0)
+
+
+# --- deadlines that hold while starting and while reading results ------------------------------
+
+def test_threads_check_the_deadline_while_they_are_being_started(monkeypatch):
+    from dsml.comm import threads as threads_engine
+
+    started = []
+    real_start = threads_engine.threading.Thread.start
+
+    def slow_start(thread):
+        started.append(thread.name)
+        time.sleep(0.05)                 # as starting thousands of threads does
+        real_start(thread)
+    monkeypatch.setattr(threads_engine.threading.Thread, "start", slow_start)
+
+    def waits_for_everyone(comm):
+        yield comm.recv((comm.rank + 1) % comm.size)
+
+    with pytest.raises(RankError, match=r"did not finish within the timeout of 0.5 s"):
+        dsml.run(waits_for_everyone, 200, engine="threads", timeout=0.5)
+    assert len([name for name in started if name.startswith("dsml-rank")]) < 200
+
+
+def big_result(comm):
+    yield comm.compute(0.0)
+    return np.ones(4_000_000)               # 32 MB: many pipe-fulls
+
+
+def test_a_rank_stopped_while_writing_its_result_is_named_at_the_deadline(monkeypatch):
+    """The parent reads results without blocking: a child stopped half-way through writing
+    its result does not hold the parent past its timeout."""
+    real_write_all = processes._write_all
+
+    def write_half_then_stop(fd, data):
+        if len(data) > 1_000_000:
+            real_write_all(fd, data[:len(data) // 2])
+            os.kill(os.getpid(), signal.SIGSTOP)
+        real_write_all(fd, data)
+    monkeypatch.setattr(processes, "_write_all", write_half_then_stop)   # forked ranks see it
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"did not finish within the timeout of 3 s") as info:
+        dsml.run(big_result, 2, engine="processes", timeout=3)
+    assert time.monotonic() - start < TIMEOUT
+    if sys.platform.startswith("linux"):
+        assert "its process is stopped" in str(info.value)

@@ -21,13 +21,16 @@ def _generator_name(value) -> str:
     return getattr(value, "__qualname__", None) or getattr(value, "__name__", "generator")
 
 
-def not_a_request(request) -> str:
+def not_a_request(request, choices: str | None = None) -> str:
     """Why a yielded value is refused (after "rank r "): use `yield from` for a generator,
-    else the list of requests."""
+    else the list of requests (`choices`, by default `api.request_choices()`: a notebook
+    passes its own)."""
     if isinstance(request, types.GeneratorType):
         return (f"yielded a generator ({_generator_name(request)}), not a request; use "
                 f"`yield from`: {YIELD_FROM}")
-    return f"yielded {request!r}, which is not a request; yield one of {request_choices()}"
+    if choices is None:
+        choices = request_choices()
+    return f"yielded {request!r}, which is not a request; yield one of {choices}"
 
 
 def returned_generator(value) -> str | None:
