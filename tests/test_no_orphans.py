@@ -72,9 +72,11 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def start_parent(tmp_path):
+def start_parent(tmp_path, source=PARENT, segments=True):
+    """Start `source` as a parent process; return it and its 4 children's pids once they are
+    running (and, with `segments`, once its runs have segments in use)."""
     script = tmp_path / "parent.py"
-    script.write_text(PARENT)
+    script.write_text(source)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
     deadline = time.monotonic() + TIMEOUT
@@ -83,11 +85,11 @@ def start_parent(tmp_path):
         files = [tmp_path / f"pid{r}" for r in range(4)]
         if all(f.exists() and f.read_text() for f in files):
             pids = [int(f.read_text()) for f in files]
-            if not HAVE_DEV_SHM or segments_of(parent.pid):
+            if not segments or not HAVE_DEV_SHM or segments_of(parent.pid):
                 break
-        assert parent.poll() is None, "the parent ended before its ranks were running"
+        assert parent.poll() is None, "the parent ended before its children were running"
         time.sleep(0.05)
-    assert pids, "the ranks did not start"
+    assert pids, "the children did not start"
     time.sleep(0.5)                     # mid-run: messages in flight, segments in use
     return parent, pids
 
@@ -307,16 +309,7 @@ WORKERS_PARENT = textwrap.dedent("""
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: PR_SET_PDEATHSIG")
 def test_shared_memory_workers_die_with_a_killed_parent(tmp_path):
-    script = tmp_path / "workers.py"
-    script.write_text(WORKERS_PARENT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
-    deadline = time.monotonic() + TIMEOUT
-    files = [tmp_path / f"pid{w}" for w in range(4)]
-    while not all(f.exists() and f.read_text() for f in files):
-        assert time.monotonic() < deadline and parent.poll() is None
-        time.sleep(0.05)
-    pids = [int(f.read_text()) for f in files]
+    parent, pids = start_parent(tmp_path, WORKERS_PARENT, segments=False)
     parent.kill()
     parent.wait()
     wait_until_nothing_left(parent.pid, pids, within=5.0)
