@@ -192,18 +192,18 @@ class MatchingTransport:
         status.set(rank, RECEIVING, src, tag)
         while True:
             got_src, got_tag, payload = self._next(src)
-            if got_src == src and got_tag == tag:
+            if got_src == src and (got_tag == tag or got_tag == FAILED):
                 # RUNNING before the count: the parent reads counts, states, counts again
                 # (`hopeless`), so it never sees this rank waiting with its message taken.
                 status.set(rank, RUNNING)
                 status.count(rank, TAKEN)
-                return payload
-            status.count(rank, TAKEN)
+                if got_tag == tag:
+                    return payload
+                self.note_failure(src, payload)
+                raise PeerGone(src, payload)
+            status.count(rank, TAKEN)           # still waiting: a message for later
             if got_tag == FAILED:
                 self.note_failure(got_src, payload)
-                if got_src == src:
-                    status.set(rank, RUNNING)
-                    raise PeerGone(src, payload)
                 continue
             self.stash(got_src, got_tag, payload)
 
