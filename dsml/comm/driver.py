@@ -175,6 +175,10 @@ class MatchingTransport:
         self.rank = rank
         self.status = status
         self.notify = False       # failures="notify": a peer's death is a failure too
+        # Where this rank's message counts live (counted inline on every message: cheap).
+        self.cells = status.cells
+        self.sent_at = rank * STATUS_FIELDS + SENT
+        self.taken_at = rank * STATUS_FIELDS + TAKEN
         self.early = {}     # (src, tag) -> deque of payloads that arrived before their recv
         self.failed = {}    # rank -> the exception its program raised (failures="notify")
         self.started = None       # perf_counter time of the common start (set by drive)
@@ -196,12 +200,12 @@ class MatchingTransport:
                 # RUNNING before the count: the parent reads counts, states, counts again
                 # (`hopeless`), so it never sees this rank waiting with its message taken.
                 status.set(rank, RUNNING)
-                status.count(rank, TAKEN)
+                self.cells[self.taken_at] += 1
                 if got_tag == tag:
                     return payload
                 self.note_failure(src, payload)
                 raise PeerGone(src, payload)
-            status.count(rank, TAKEN)           # still waiting: a message for later
+            self.cells[self.taken_at] += 1      # still waiting: a message for later
             if got_tag == FAILED:
                 self.note_failure(got_src, payload)
                 continue

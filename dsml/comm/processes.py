@@ -109,8 +109,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from dsml.comm.api import RankError, RunResult
-from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, SENT, STASHED, TAKEN, MatchingTransport,
-                              RankDied, RemoteFailure, Status, STATUS_FIELDS, check_all_received,
+from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, MatchingTransport, RankDied,
+                              RemoteFailure, Status, STATUS_FIELDS, check_all_received,
                               check_timeout, deadline_of, describe_exception, drive, hopeless,
                               make_result, rank_failed, stop_children, timed_out)
 
@@ -462,7 +462,7 @@ class PipeTransport(MatchingTransport):
     # sending
     def send(self, dst, tag, payload):
         frame = encode_frame(tag, self.segments.encode(payload, dst, self._make_room))
-        self.status.count(self.rank, SENT)        # counted before it can be taken
+        self.cells[self.sent_at] += 1        # counted before it can be taken
         if self.segments.returned:
             frame = self._acknowledge(dst) + frame       # one write for both
         self._send_frame(dst, frame)
@@ -506,7 +506,7 @@ class PipeTransport(MatchingTransport):
                 if frame is None:
                     break
                 tag, payload = frame
-                self.status.count(self.rank, TAKEN)
+                self.cells[self.taken_at] += 1
                 self.stash(dst, tag, payload)
 
     def _flush(self, dst) -> bool:
@@ -527,7 +527,7 @@ class PipeTransport(MatchingTransport):
 
     def send_notice(self, dst, error):
         """A failure notice (failures="notify"), after this rank's earlier frames to dst."""
-        self.status.count(self.rank, SENT)
+        self.cells[self.sent_at] += 1
         self._send_frame(dst, encode_frame(FAILED, portable(error)))
 
     def say_goodbye(self) -> None:
@@ -540,7 +540,7 @@ class PipeTransport(MatchingTransport):
         """src's pipe is at its end with no goodbye and no failure notice (failures="notify"):
         src died. The FAILED notice that stands for it, as `_next` returns one; it was never
         sent, so it is not counted as taken either."""
-        self.status.cells[self.rank * STATUS_FIELDS + TAKEN] -= 1
+        self.cells[self.taken_at] -= 1
         return (src, FAILED, RankDied(f"rank {src}'s process ended without a result"))
 
     def gone(self, src) -> bool:

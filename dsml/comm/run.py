@@ -26,9 +26,10 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     engine "processes": one OS process per rank. On both, `time` is measured seconds from
     a common start (after all ranks are up) to the last finish, and `timeout` (s; None or
     float('inf') for no limit) bounds the run; a run where every unfinished rank waits for a
-    message that no rank will send raises DeadlockError at once. engine "mpi": every process of an MPI job calls `run`, and each runs its
-    own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or None to
-    take it; every process gets the same RunResult. `trace=False` skips recording.
+    message that no rank will send raises DeadlockError at once. engine "mpi": every
+    process of an MPI job calls `run`, and each runs its own rank (mpi4py;
+    `dsml.comm.mpi`); `world_size` must be the job's size, or None to take it; every
+    process gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only; an integer ≥ 1, or None for no limit) stops a simulation that
     would never end with an error. A rank program that returns a generator (a collective
     called without `yield from`) is an error on every engine.

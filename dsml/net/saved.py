@@ -65,8 +65,9 @@ def _read(path) -> dict:
             number = float(value)
         except OverflowError:                # a 400-digit integer
             number = math.inf
-        if not math.isfinite(number):        # a negative one: AlphaBeta says so below
-            shown = value if len(repr(value)) <= 40 else f"{repr(value)[:20]}… ({len(repr(value))} digits)"
+        if not math.isfinite(number):        # (a negative one: AlphaBeta refuses it below)
+            text = repr(value)
+            shown = text if len(text) <= 40 else f"{text[:20]}… ({len(text)} digits)"
             raise ValueError(f"{path}: \"{key}\" must be a finite number of {unit} (≥ 0), "
                              f"got {shown}")
         record[key] = number
