@@ -482,8 +482,11 @@ def test_no_resource_tracker_warning_after_success_and_every_failure():
     assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr
 
 
-def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch):
-    monkeypatch.setenv("DSML_START_METHOD", "spawn")
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch, method):
+    """Also: a forkserver child's parent is the server, which its check for an orphaned rank
+    must not take for a dead parent."""
+    monkeypatch.setenv("DSML_START_METHOD", method)
     values = run(ring, 2, args=(100_000, 3, 5)).values
     assert same_bits(values[0][1], values[1][0])
 

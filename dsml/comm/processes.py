@@ -847,7 +847,8 @@ def die_with_parent(parent: int) -> None:
     """Ask Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG),
     and make SIGTERM end it through `orphaned`. Elsewhere only the time-based checks remain
     (`PipeTransport.checkpoint` between requests, and every POLL seconds while waiting).
-    The parent may have died before the request took effect: then end now."""
+    The parent (`parent`, its pid; None to skip the check) may have died before the request
+    took effect: then end now."""
     signal.signal(signal.SIGTERM, orphaned)
     if sys.platform.startswith("linux"):
         try:
@@ -855,7 +856,7 @@ def die_with_parent(parent: int) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:
+    if parent is not None and os.getppid() != parent:
         orphaned()
 
 
@@ -1080,7 +1081,8 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
                         target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
                         args=(rank, world_size, program, args, kwargs or {}, channels,
                               status_cells, created, child_end, trace, prefix, failures,
-                              os.getpid(), inherited))
+                              # a forkserver child's parent is the server, not this process
+                              None if method == "forkserver" else os.getpid(), inherited))
                     child.start()
                     child_end.close()
                     children.append(child)
