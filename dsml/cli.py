@@ -90,10 +90,11 @@ def _one_way_table(args, network, gamma_nbytes=None):
     sizes = size_range(args.begin, args.end, args.factor)
     print(f"# ping-pong, 2 ranks, engine {args.engine}, {args.round_trips} round trips per run "
           f"(at most 3 above 64 KiB), median of {args.repeats} runs")
-    print(f"{'size (B)':>12} {'one-way (us)':>14} {'bandwidth (MB/s)':>18}")
+    # The units and the '#' of `dsml bench`'s table: µs and GB/s (1e9 B/s).
+    print(f"#{'size (B)':>11} {'one-way (µs)':>14} {'bandwidth (GB/s)':>18}")
 
     def report(nbytes, seconds):
-        print(f"{nbytes:>12d} {seconds * 1e6:>14.2f} {nbytes / seconds / 1e6:>18.2f}", flush=True)
+        print(f"{nbytes:>12d} {seconds * 1e6:>14.2f} {nbytes / seconds / 1e9:>18.4f}", flush=True)
 
     measured, times = calibrate(args.engine, sizes, args.round_trips, args.repeats,
                                 gamma_nbytes=gamma_nbytes, network=network, report=report)
@@ -108,7 +109,7 @@ def _print_fit(alpha: float, beta: float) -> None:
                  f"n_half = {half_performance_size(alpha, beta):.0f} B")
     else:   # the fit holds β at 0 when noise would make it negative: no finite peak
         shape = "(no size dependence resolved: widen the size range or add repeats)"
-    print(f"# fit: alpha = {alpha * 1e6:.2f} us, beta = {beta * 1e9:.4f} ns/B {shape}")
+    print(f"# fit: alpha = {alpha * 1e6:.2f} µs, beta = {beta * 1e9:.4f} ns/B {shape}")
 
 
 def pingpong(args) -> int:
@@ -336,13 +337,26 @@ def bench_expected(collective: str, inputs: list, op: str, root: int):
     if collective in REDUCING:
         total = inputs[0].copy()
         for x in inputs[1:]:
-            OPS[op](total, x, out=total)
+            OPS[_summed(op)](total, x, out=total)
+        if op == "avg":                # the same division every rank makes (bench_rank)
+            total = _average(total, len(inputs))
         return total
     if collective == "broadcast":
         return inputs[root]
     if collective == "allgather":
         return np.concatenate(inputs)
     return None
+
+
+def _summed(op: str) -> str:
+    """The reduction the collectives run for a bench op: "avg" is a sum, then a division."""
+    return "sum" if op == "avg" else op
+
+
+def _average(total: np.ndarray, p: int) -> np.ndarray:
+    """NCCL's average (ncclAvg) as the benchmark computes it: the sum divided by p, in the
+    buffer's dtype (floats only; see _validate_bench)."""
+    return (total / total.dtype.type(p)).astype(total.dtype, copy=False)
 
 
 def _count_wrong(got, want, rtol: float = 0.0) -> int:
@@ -362,7 +376,7 @@ def _check_result(comm, spec, result) -> int:
     collective, p, r = spec["collective"], comm.size, comm.rank
     dtype, op = spec["dtype"], spec["op"]
     # Where order matters: the rounding bound of two reductions of p terms in different orders.
-    rtol = 0.0 if exact_reduction(dtype, op, p) else 2 * p * float(np.finfo(dtype).eps)
+    rtol = 0.0 if exact_reduction(dtype, _summed(op), p) else 2 * p * float(np.finfo(dtype).eps)
     if collective == "reduce" and r != spec["root"]:
         return 0 if result is None else 1          # only the root receives the result
     if collective == "alltoall":
@@ -402,7 +416,8 @@ def bench_rank(comm, spec: dict):
     if collective in ROOTED:
         kwargs["root"] = spec["root"]
     if collective in REDUCING:
-        kwargs["op"] = spec["op"]
+        kwargs["op"] = _summed(spec["op"])
+    average = spec["op"] == "avg" and collective in REDUCING
     if collective == "alltoall":
         payload = np.split(x, p)                   # block j goes to rank j
     else:
@@ -412,14 +427,19 @@ def bench_rank(comm, spec: dict):
     result = None
     for _ in range(spec["warmup"]):
         result = yield from function(comm, payload, **kwargs)
-    if spec["barrier"]:
-        yield from _barrier(comm)
-    start = yield comm.now()
-    for _ in range(spec["iters"]):
-        result = yield from function(comm, payload, **kwargs)
-    end = yield comm.now()
+    times = []
+    for _ in range(spec["repeats"]):          # each repeat: line up, then time `iters`
+        if spec["barrier"]:
+            yield from _barrier(comm)
+        start = yield comm.now()
+        for _ in range(spec["iters"]):
+            result = yield from function(comm, payload, **kwargs)
+            if average and result is not None:
+                result = _average(result, p)
+        end = yield comm.now()
+        times.append((end - start) / spec["iters"])
     wrong = _check_result(comm, spec, result) if spec["check"] else None
-    return (end - start) / spec["iters"], wrong
+    return times, wrong
 
 
 def _validate_bench(args) -> None:
@@ -439,6 +459,9 @@ def _validate_bench(args) -> None:
         raise ValueError(f"--warmup must be ≥ 0, got {args.warmup}")
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.op == "avg" and np.dtype(args.dtype).kind != "f":
+        raise ValueError(f"--op avg needs a float --dtype (the average of integers is not "
+                         f"one), got {args.dtype}")
 
 
 def _bench_network(args):
@@ -485,16 +508,21 @@ def _print_bench_header(args, network, itemsize: int) -> None:
     if network is not None:
         print(f"# network: AlphaBeta(alpha={network.alpha:g} s, beta={network.beta:g} s/B, "
               f"gamma={network.gamma:g} s/B)")
-        print("# time: simulated time of one collective (deterministic, so no warm-up and "
-              "one iteration)")
+        print("# time: simulated time of one collective, the slowest rank's (deterministic, "
+              "so no warm-up, one iteration, and -a does not apply)")
     else:
-        print(f"# time: mean of {args.iters} back-to-back collectives after {args.warmup} "
-              f"warm-up, read with comm.now() in each rank; the slowest rank's")
+        print(f"# time: mean of {args.iters} back-to-back collectives, read with comm.now() "
+              f"in each rank after {args.warmup} untimed warm-up collectives; over ranks, "
+              f"{AVERAGE_MEANING[args.average]} (-a {args.average}); over {args.repeats} "
+              f"repeat{'s' * (args.repeats != 1)} of that, the median, and the min-max in "
+              f"'spread'")
         if args.max_iter_bytes > 0:
             print(f"# iterations: fewer for large sizes, so that iterations × size ≤ "
                   f"{format_bytes(args.max_iter_bytes)} (at least 1; --max-iter-bytes 0 "
                   f"turns this off)")
-    print(f"# size: {SIZE_MEANING[collective].format(p=p)}")
+    print(f"# size: {SIZE_MEANING[collective].format(p=p)}; count: "
+          + ("elements per rank (size / p / itemsize, as nccl-tests prints it)"
+             if collective in BLOCKED else "elements (size / itemsize)"))
     if collective in BLOCKED:
         print(f"# sizes rounded down to a multiple of p × itemsize = {p * itemsize} B "
               f"(nccl-tests rounds the count down); smaller sizes skipped")
@@ -511,13 +539,21 @@ def _print_bench_header(args, network, itemsize: int) -> None:
               f"{2 * p * float(np.finfo(args.dtype).eps):.1e} (rounding)")
     print("#")
     print(f"#{'size (B)':>13} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
-          f"{'time (µs)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} {'#wrong':>7}")
+          f"{'time (µs)':>12} {'spread (µs)':>19} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} "
+          f"{'#wrong':>7}")
 
 
-def _bench_row(args, network, count: int, seed: int) -> tuple[float, int | None]:
+AVERAGE_MEANING = {0: "rank 0's", 1: "the mean", 2: "the fastest rank's",
+                   3: "the slowest rank's"}
+_OVER_RANKS = {0: lambda times: times[0], 1: lambda times: sum(times) / len(times),
+               2: min, 3: max}
+
+
+def _bench_row(args, network, count: int, seed: int) -> tuple[list, int | None]:
     """Run one size: build the inputs and the expected result, then one dsml.run with the
-    iterations inside the rank program. Returns (seconds per collective of the slowest
-    rank, wrong elements over all ranks or None)."""
+    warm-up, the repeats and their iterations inside the rank program. Returns (seconds per
+    collective of each repeat, combined over ranks as -a says; wrong elements over all ranks
+    or None)."""
     import dsml
 
     collective, p = args.collective, args.world_size
@@ -531,21 +567,30 @@ def _bench_row(args, network, count: int, seed: int) -> tuple[float, int | None]
             "dtype": args.dtype, "op": args.op, "root": args.root, "inputs": inputs,
             "expected": expected, "iters": iters,
             "warmup": 0 if sim else min(args.warmup, iters),
+            "repeats": 1 if sim else args.repeats,
             "barrier": not sim and p > 1, "check": args.check}
     result = dsml.run(bench_rank, p, engine=args.engine, network=network, args=(spec,),
                       trace=False, timeout=args.timeout)
-    seconds = max(value[0] for value in result.values)
+    # On the simulator the time of a collective is its makespan, the slowest rank's (what
+    # the cost model predicts); -a is for measured times, which differ from rank to rank.
+    over_ranks = max if sim else _OVER_RANKS[args.average]
+    repeats = [over_ranks([value[0][k] for value in result.values])
+               for k in range(spec["repeats"])]
     wrong = sum(value[1] for value in result.values) if args.check else None
-    return seconds, wrong
+    return repeats, wrong
 
 
 def _bench_world_size(args) -> int:
     """--world-size: 4 by default; on engine mpi the job's size, which it must equal if given."""
     if args.engine != "mpi":
         return 4 if args.world_size is None else args.world_size
-    from dsml.comm.mpi import check_world_size, job_size
+    from dsml.comm.mpi import check_world_size, job_size, launch_hint
 
-    return check_world_size(args.world_size, job_size(), "--world-size")
+    size = job_size()
+    if size == 1:            # not started by mpiexec: a 1-rank "benchmark" measures nothing
+        raise ValueError(f"--engine mpi runs inside an MPI job of two or more processes, and "
+                         f"this process is not in one: {launch_hint(args.world_size or 4)}")
+    return check_world_size(args.world_size, size, "--world-size")
 
 
 def bench(args) -> int:
@@ -564,10 +609,14 @@ def bench(args) -> int:
 
     redop = args.op if collective in REDUCING else "none"
     root = args.root if collective in ROOTED else -1
+    rows = []
     busbws, total_wrong = [], 0
     for seed, count in enumerate(counts):
-        seconds, wrong = _bench_row(args, network, count, seed)
+        repeats, wrong = _bench_row(args, network, count, seed)
+        seconds = float(np.median(repeats))
+        low, high = min(repeats), max(repeats)
         nbytes = count * itemsize
+        algbw = busbw = None
         if seconds > 0:
             algbw = nbytes / seconds / 1e9
             busbw = algbw * factor
@@ -575,16 +624,40 @@ def bench(args) -> int:
             bandwidths = f"{algbw:>13.3f} {busbw:>13.3f}"
         else:                                  # p = 1 on sim, or a network that costs nothing
             bandwidths = f"{'-':>13} {'-':>13}"
+        spread = "-" if len(repeats) == 1 else f"{low * 1e6:.2f}-{high * 1e6:.2f}"
+        shown_count = count // p if collective in BLOCKED else count
         total_wrong += wrong or 0
-        print(f"{nbytes:>14} {count:>12} {args.dtype:>8} {redop:>6} {root:>5} "
-              f"{seconds * 1e6:>12.2f} {bandwidths} {'N/A' if wrong is None else wrong:>7}",
-              flush=True)
+        print(f"{nbytes:>14} {shown_count:>12} {args.dtype:>8} {redop:>6} {root:>5} "
+              f"{seconds * 1e6:>12.2f} {spread:>19} {bandwidths} "
+              f"{'N/A' if wrong is None else wrong:>7}", flush=True)
+        rows.append((nbytes, shown_count, args.dtype, redop, root, seconds * 1e6, low * 1e6,
+                     high * 1e6, algbw, busbw, wrong))
 
     if args.check:
         print(f"# Wrong elements : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
     average = sum(busbws) / len(busbws) if busbws else 0.0
     print(f"# Avg bus bandwidth : {average:.3f} GB/s")
+    if args.output_file:
+        _write_bench_csv(args.output_file, rows)
     return 1 if total_wrong else 0
+
+
+BENCH_CSV_COLUMNS = ("size_B", "count", "type", "redop", "root", "time_us", "min_us", "max_us",
+                     "algbw_GBps", "busbw_GBps", "wrong")
+
+
+def _write_bench_csv(path, rows) -> None:
+    """-F: the table as CSV, one header row (units in the names) and a row per size; empty
+    cells where the table prints '-' or 'N/A'."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(BENCH_CSV_COLUMNS)
+        for row in rows:
+            writer.writerow(["" if value is None else
+                             f"{value:.6g}" if isinstance(value, float) else value
+                             for value in row])
 
 
 # --- dsml memory: the memory accountant and the layout search ------------------------------------
@@ -866,6 +939,55 @@ def _ping_pong_arguments(parser, round_trips: int) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per size (median; default 3)")
 
 
+# Bounds a command checks before it starts anything, so that a typo refuses at once instead
+# of running for hours or exhausting memory.
+MAX_BENCH_WORLD_SIZE = 1024        # dsml bench --world-size (an all-to-all is p² messages)
+MAX_SEARCH_DEVICES = 1 << 20       # dsml memory --search --devices (about a million)
+ARRAY_COPIES = {"pingpong": 2, "calibrate": 2, "validate": 4, "bench": 4}   # see _check_sizes
+
+
+def _physical_memory() -> int | None:
+    """Bytes of RAM of this machine, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_sizes(args, ranks: int) -> None:
+    """-e/--end must leave the arrays of a run (about ARRAY_COPIES per rank: inputs, results,
+    what is in flight) in this machine's memory."""
+    end = getattr(args, "end", None)
+    memory = _physical_memory()
+    if end is None or memory is None:
+        return
+    needed = ARRAY_COPIES[args.command] * ranks * end
+    if needed > memory:
+        raise ValueError(f"-e/--end {end:,} B needs about {needed / 1e9:,.3g} GB of arrays "
+                         f"({ARRAY_COPIES[args.command]} copies on each of {ranks} ranks); this "
+                         f"machine has {memory / 1e9:.3g} GB: give a smaller --end")
+
+
+def check_arguments(args) -> None:
+    """Checks every command shares (counts ≥ 1, sizes that fit in memory) and the bounds
+    above; raise ValueError naming the flag, the value and the valid range."""
+    for name in ("round_trips", "repeats", "iters", "top"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{_flag(name)} must be ≥ 1, got {value}")
+    if args.command == "bench":
+        p = args.world_size
+        if p is not None and not 1 <= p <= MAX_BENCH_WORLD_SIZE:
+            raise ValueError(f"--world-size must be in 1..{MAX_BENCH_WORLD_SIZE}, got {p}")
+        _check_sizes(args, 4 if p is None else p)
+    elif args.command in ARRAY_COPIES:
+        _check_sizes(args, 2)
+    if args.command == "memory" and args.search and args.devices is not None \
+            and args.devices > MAX_SEARCH_DEVICES:
+        raise ValueError(f"--devices must be at most {MAX_SEARCH_DEVICES:,} for --search, got "
+                         f"{args.devices:,}")
+
+
 def main(argv=None) -> int:
     import dsml
 
@@ -913,15 +1035,25 @@ def main(argv=None) -> int:
                               help="largest size (default 64M)")
     bench_parser.add_argument("-f", "--factor", type=int, default=2,
                               help="size multiplier (default 2)")
-    bench_parser.add_argument("-o", "--op", choices=("sum", "prod", "max", "min"),
-                              default="sum", help="reduction (reducing collectives only)")
-    bench_parser.add_argument("-d", "--dtype", choices=BENCH_DTYPES, default="float32")
+    bench_parser.add_argument("-o", "--op", choices=("sum", "prod", "max", "min", "avg"),
+                              default="sum", help="reduction (reducing collectives only; avg: "
+                                                  "the sum divided by p, float types only)")
+    bench_parser.add_argument("-d", "--dtype", choices=BENCH_DTYPES, default="float32",
+                              help="element type (no bfloat16: NumPy has no such dtype)")
     bench_parser.add_argument("-r", "--root", type=int, default=0,
                               help="root rank of broadcast and reduce (default 0)")
     bench_parser.add_argument("-n", "--iters", type=int, default=20,
                               help="timed iterations per size on real engines (default 20)")
-    bench_parser.add_argument("-w", "--warmup", type=int, default=1,
-                              help="untimed iterations first (default 1)")
+    bench_parser.add_argument("-w", "--warmup", type=int, default=5,
+                              help="untimed iterations first (default 5, as nccl-tests)")
+    bench_parser.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1,
+                              help="time over ranks: 0 rank 0's, 1 the mean (default, as "
+                                   "nccl-tests), 2 the minimum, 3 the maximum")
+    bench_parser.add_argument("--repeats", type=int, default=3,
+                              help="real engines: timed blocks of --iters per size; the table "
+                                   "shows their median and min-max (default 3)")
+    bench_parser.add_argument("-F", "--output-file", default=None,
+                              help="also write the table to this CSV file")
     bench_parser.add_argument("--max-iter-bytes", type=parse_size,
                               default=DEFAULT_MAX_ITER_BYTES,
                               help="real engines: fewer iterations for large sizes, so that "
@@ -994,6 +1126,7 @@ def main(argv=None) -> int:
         if getattr(args, "engine", None) == "mpi":
             from dsml.comm.mpi import job_rank
             rank = job_rank()
+        check_arguments(args)
         if rank:            # under mpiexec every process runs the command; rank 0 prints
             with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
                 return command(args)

@@ -36,12 +36,13 @@ def check_max_events(max_events) -> int:
 
 
 def check_timeout(timeout) -> float:
-    """`timeout` as a finite float > 0 (None: DEFAULT_TIMEOUT), or a ValueError naming it."""
+    """`timeout` as a float > 0 (None: DEFAULT_TIMEOUT; float('inf'): no wall-clock limit), or a
+    ValueError naming it."""
     if timeout is None:
         return DEFAULT_TIMEOUT
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) \
-            or not math.isfinite(timeout) or not timeout > 0:
-        raise ValueError(f"timeout must be a finite number of seconds > 0 (None for the "
+            or not timeout > 0:                     # also refuses NaN
+        raise ValueError(f"timeout must be > 0 seconds (inf for no limit, None for the "
                          f"default {DEFAULT_TIMEOUT:g} s), got {timeout!r}")
     return float(timeout)
 

@@ -75,7 +75,7 @@ def test_a_saved_network_loads_back_with_its_measurement(tmp_path):
     ('{"alpha": 1}', "expected \"format\""),
     ('{"format": "dsml-network/1", "model": "Topology"}', "unknown network model 'Topology'"),
     ('{"format": "dsml-network/1", "model": "AlphaBeta", "alpha": 1e-6, "beta": "fast"}',
-     "beta, gamma missing or not a number"),
+     "\"beta\" must be a number of s/B (finite, ≥ 0), got 'fast'"),
     ('{"format": "dsml-network/1", "model": "AlphaBeta", "alpha": -1e-6, "beta": 1e-9, '
      '"gamma": 0}', "alpha must be a finite number ≥ 0, got -1e-06"),
 ])

@@ -12,8 +12,8 @@ from dsml.cli import (BENCH_COLLECTIVES, _count_wrong, bench_count, busbw_factor
                       default_algorithm, exact_reduction, main)
 from dsml.collectives import COLLECTIVE_ALGORITHMS, cost
 
-COLUMNS = ["size (B)", "count", "type", "redop", "root", "time (µs)", "algbw (GB/s)",
-           "busbw (GB/s)", "#wrong"]
+COLUMNS = ["size (B)", "count", "type", "redop", "root", "time (µs)", "spread (µs)",
+           "algbw (GB/s)", "busbw (GB/s)", "#wrong"]
 ALPHA, BETA = 2e-6, 1e-9
 
 FACTORS = {"allreduce": lambda p: 2 * (p - 1) / p, "broadcast": lambda p: 1.0,
@@ -30,7 +30,7 @@ def run_bench(capsys, *argv):
     for line in captured.out.splitlines():
         if line.strip() and not line.startswith("#"):
             fields = line.split()
-            assert len(fields) == len(COLUMNS), f"a table row has 9 columns, got {line!r}"
+            assert len(fields) == len(COLUMNS), f"a table row has 10 columns, got {line!r}"
             rows.append(dict(zip(COLUMNS, fields)))
     return code, captured.out, captured.err, rows
 
@@ -62,7 +62,9 @@ def test_sim_times_match_the_cost_model(capsys, collective, algorithm):
         assert float(row["busbw (GB/s)"]) == pytest.approx(algbw * FACTORS[collective](p),
                                                            abs=6e-4)
         assert row["#wrong"] == "0"
-        assert row["count"] == str(nbytes // 4) and row["type"] == "float32"
+        per_rank = collective in ("allgather", "reduce_scatter", "alltoall")
+        assert row["count"] == str(nbytes // 4 // (p if per_rank else 1))
+        assert row["type"] == "float32"
 
 
 def test_sim_charges_gamma_for_reductions(capsys):
@@ -135,7 +137,7 @@ def test_sizes_are_rounded_down_to_whole_blocks(capsys):
     code, out, _, rows = run_bench(capsys, *sim_args("allgather", 3, "-b", "8", "-e", "64"))
     assert code == 0
     assert [r["size (B)"] for r in rows] == ["12", "24", "60"]
-    assert [r["count"] for r in rows] == ["3", "6", "15"]
+    assert [r["count"] for r in rows] == ["1", "2", "5"]        # per rank, as nccl-tests
     assert "rounded down to a multiple of p × itemsize = 12 B" in out
     assert all(r["#wrong"] == "0" for r in rows)
     # all-reduce needs only whole elements; sizes that round to the same count print once
@@ -270,7 +272,7 @@ def test_no_check_prints_n_a(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["allreduce", "--algorithm", "binomial"], "unknown allreduce algorithm 'binomial'"),
     (["alltoall", "--algorithm", "ring"], "unknown alltoall algorithm 'ring'"),
-    (["allreduce", "--world-size", "0"], "--world-size must be ≥ 1, got 0"),
+    (["allreduce", "--world-size", "0"], "--world-size must be in 1..1024, got 0"),
     (["broadcast", "--world-size", "4", "--root", "4"], "--root must be a rank in 0..3"),
     (["reduce", "--world-size", "2", "--root", "-1"], "--root must be a rank in 0..1"),
     (["allreduce", "-b", "64", "-e", "8"], "need 1 ≤ begin ≤ end"),
@@ -284,7 +286,7 @@ def test_bad_input_exits_with_a_clear_error(capsys, argv, message):
     assert err.startswith("dsml: error: ") and message in err, err
 
 
-@pytest.mark.parametrize("argv", [["gather"], ["allreduce", "--op", "avg"],
+@pytest.mark.parametrize("argv", [["gather"], ["allreduce", "--op", "mean"],
                                   ["allreduce", "--dtype", "float16"], ["allreduce", "-b", "x"]])
 def test_argparse_rejects_unknown_choices(capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
@@ -342,3 +344,91 @@ def test_python_dash_m_dsml_bench():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "# Avg bus bandwidth" in done.stdout and "#wrong" in done.stdout
+
+
+# --- nccl-tests' conventions: per-rank counts, -a, warm-up, spread, CSV, avg ------------------
+
+def test_count_is_per_rank_for_blocked_collectives_and_whole_otherwise(capsys):
+    for collective, count in (("allgather", "16"), ("reduce_scatter", "16"),
+                              ("alltoall", "16"), ("allreduce", "64"), ("broadcast", "64")):
+        _, out, _, rows = run_bench(capsys, *sim_args(collective, 4, "-b", "256", "-e", "256"))
+        assert rows[0]["count"] == count, collective
+        assert ("elements per rank" in out) == (collective in ("allgather", "reduce_scatter",
+                                                              "alltoall"))
+
+
+def test_time_over_ranks_follows_dash_a(capsys, monkeypatch):
+    """Each rank reports its own time; -a 0/1/2/3 takes rank 0's, the mean, the min, the max."""
+    import dsml.cli as cli_module
+
+    def fake_bench_rank(comm, spec):
+        yield comm.compute(0.0)
+        return [1e-6 * (comm.rank + 1)] * spec["repeats"], 0
+    monkeypatch.setattr(cli_module, "bench_rank", fake_bench_rank)
+    want = {"0": 1.0, "1": 2.5, "2": 1.0, "3": 4.0}
+    for average, micros in want.items():
+        code, out, _, rows = run_bench(capsys, "allreduce", "--engine", "threads", "-p", "4",
+                                       "-b", "64", "-e", "64", "-a", average, "--no-check")
+        assert code == 0, out
+        assert float(rows[0]["time (µs)"]) == pytest.approx(micros)
+
+
+def test_defaults_follow_nccl_tests_and_the_header_says_so(capsys, monkeypatch):
+    import dsml.cli as cli_module
+
+    seen = {}
+
+    def fake_bench_rank(comm, spec):
+        seen.update(spec)
+        yield comm.compute(0.0)
+        return [3e-6, 1e-6, 2e-6], 0
+    monkeypatch.setattr(cli_module, "bench_rank", fake_bench_rank)
+    code, out, _, rows = run_bench(capsys, "allreduce", "--engine", "threads", "-p", "2",
+                                   "-b", "64", "-e", "64", "--no-check")
+    assert code == 0
+    assert seen["warmup"] == 5 and seen["repeats"] == 3
+    assert "after 5 untimed warm-up collectives; over ranks, the mean (-a 1)" in out
+    assert rows[0]["time (µs)"] == "2.00" and rows[0]["spread (µs)"] == "1.00-3.00"
+
+
+def test_output_file_writes_the_table_as_csv(capsys, tmp_path):
+    import csv
+
+    path = tmp_path / "table.csv"
+    code, _, _, rows = run_bench(capsys, *sim_args("allreduce", 4, "-b", "64", "-e", "1K",
+                                                   "-f", "4", "-F", path))
+    assert code == 0
+    with open(path, newline="") as file:
+        table = list(csv.DictReader(file))
+    assert [r["size_B"] for r in table] == [r["size (B)"] for r in rows]
+    assert [float(r["time_us"]) for r in table] == pytest.approx(
+        [float(r["time (µs)"]) for r in rows], abs=0.006)
+    assert {r["wrong"] for r in table} == {"0"}
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce", "reduce_scatter"])
+@pytest.mark.parametrize("engine", ["sim", "threads"])
+def test_avg_is_the_sum_over_p_and_checks_clean(capsys, collective, engine):
+    argv = (sim_args(collective, 3, "--op", "avg", "-b", "96", "-e", "96")
+            if engine == "sim" else
+            [collective, "--engine", "threads", "-p", "3", "--op", "avg", "-b", "96",
+             "-e", "96", "-n", "2", "--repeats", "1", "-w", "1"])
+    code, out, _, rows = run_bench(capsys, *argv)
+    assert code == 0, out
+    assert rows[0]["redop"] == "avg" and rows[0]["#wrong"] == "0"
+
+
+def test_avg_of_integers_is_refused(capsys):
+    assert main(["bench", "allreduce", "--engine", "sim", "--op", "avg", "-d", "int32"]) == 2
+    assert "--op avg needs a float --dtype" in capsys.readouterr().err
+
+
+def test_engine_mpi_outside_a_job_is_refused_not_a_one_rank_table(capsys, monkeypatch):
+    import dsml.comm.mpi as mpi_module
+
+    monkeypatch.setattr(mpi_module, "job_size", lambda: 1)      # not started by mpiexec
+    monkeypatch.setattr(mpi_module, "job_rank", lambda: 0)
+    assert main(["bench", "allreduce", "--engine", "mpi", "-e", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "--engine mpi runs inside an MPI job of two or more processes" in captured.err
+    assert "mpiexec" in captured.err and captured.out == ""

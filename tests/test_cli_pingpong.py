@@ -10,7 +10,7 @@ from dsml import cli
 
 
 def fitted(output: str) -> tuple[float, float]:
-    match = re.search(r"alpha = ([\d.]+) us, beta = ([\d.]+) ns/B", output)
+    match = re.search(r"alpha = ([\d.]+) µs, beta = ([\d.]+) ns/B", output)
     assert match, output
     return float(match.group(1)) * 1e-6, float(match.group(2)) * 1e-9
 

@@ -585,9 +585,9 @@ def test_max_events_that_would_disable_the_guard_is_refused(bad):
         dsml.run(forever_computing, 2, network=NET, max_events=bad)
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "5", True])
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "5", True])
 def test_a_bad_timeout_is_refused_on_the_simulator(bad):
-    with pytest.raises(ValueError, match=r"timeout must be a finite number of seconds > 0"):
+    with pytest.raises(ValueError, match=r"timeout must be > 0 seconds"):
         dsml.run(forever_computing, 2, network=NET, timeout=bad)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import pytest
 
 import dsml
 from dsml import RankError, SizeOnly
+from dsml.sim import DeadlockError
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60.0          # a bound for runs that should succeed; never a speed claim
@@ -206,17 +208,17 @@ def hangs_on_rank_1(comm, directory):
     yield comm.compute(0.0)
 
 
-def test_a_rank_that_hangs_times_out_naming_what_it_waits_for(tmp_path):
+def test_a_wait_for_a_finished_rank_is_a_deadlock_found_at_once(tmp_path):
     start = time.monotonic()
-    with pytest.raises(RankError) as info:
-        dsml.run(hangs_on_rank_1, 2, engine="processes", args=(str(tmp_path),), timeout=3)
-    elapsed = time.monotonic() - start
-    assert elapsed < 3 + 30            # bounded: the timeout plus clean-up, never a hang
+    with pytest.raises(DeadlockError) as info:
+        dsml.run(hangs_on_rank_1, 2, engine="processes", args=(str(tmp_path),),
+                 timeout=TIMEOUT)
+    assert time.monotonic() - start < TIMEOUT / 2      # found, not timed out
     message = str(info.value)
-    assert info.value.rank == 1
-    assert "did not finish within the timeout of 3 s" in message
-    assert "rank 1 waits for a message from rank 0 (tag 7)" in message
-    assert "rank 0 finished" in message
+    assert isinstance(info.value, RankError) and info.value.rank == 1
+    assert message.startswith("deadlock at t=")
+    assert "1 process(es) still wait:\n  rank 1 waits for a message from rank 0 (tag 7)" \
+        in message
     assert_no_children_left(read_pids(tmp_path, 2))
 
 
@@ -225,12 +227,36 @@ def everyone_waits(comm, directory):
     yield comm.recv((comm.rank + 1) % comm.size)
 
 
-def test_a_deadlock_on_real_processes_times_out_naming_each_rank(tmp_path):
-    with pytest.raises(RankError) as info:
-        dsml.run(everyone_waits, 3, engine="processes", args=(str(tmp_path),), timeout=3)
+def test_a_deadlock_on_real_processes_is_found_at_once_naming_each_rank(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DeadlockError) as info:
+        dsml.run(everyone_waits, 3, engine="processes", args=(str(tmp_path),),
+                 timeout=TIMEOUT)
+    assert time.monotonic() - start < TIMEOUT / 2
     message = str(info.value)
     for rank in range(3):
         assert f"rank {rank} waits for a message from rank {(rank + 1) % 3}" in message
+    assert_no_children_left(read_pids(tmp_path, 3))
+
+
+def stops_on_rank_2(comm, directory):
+    write_pid(directory, comm.rank)
+    if comm.rank == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)     # as if someone stopped it mid-run
+    if comm.rank == 0:
+        yield comm.recv(2)
+    yield comm.compute(0.0)
+
+
+def test_a_stopped_rank_is_the_one_a_timeout_names(tmp_path):
+    with pytest.raises(RankError) as info:
+        dsml.run(stops_on_rank_2, 3, engine="processes", args=(str(tmp_path),), timeout=3)
+    message = str(info.value)
+    assert info.value.rank == 2
+    assert "did not finish within the timeout of 3 s" in message
+    if sys.platform.startswith("linux"):
+        assert "rank 2 is running its program (not waiting on a message) — its process is " \
+               "stopped" in message
     assert_no_children_left(read_pids(tmp_path, 3))
 
 

@@ -7,6 +7,7 @@ Real processes on a small CI machine: generous timeouts, deterministic data, no 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -430,15 +431,19 @@ def sends_big_then(comm, what):
         raise ValueError("rank 1 gives up")
     if what == "exit":
         os._exit(5)
-    if what == "timeout":
+    if what == "deadlock":
         yield comm.recv(0, tag=7)          # never sent
+    if what == "timeout":
+        os.kill(os.getpid(), signal.SIGSTOP)   # stopped: only the timeout ends the run
     return None
 
 
 @pytest.mark.parametrize("what, pattern", [
     ("raise", r"rank 1 failed: ValueError: rank 1 gives up"),
     ("exit", r"rank 1 died \(exit code 5\)"),
-    ("timeout", r"did not finish within the timeout of 3 s"),
+    ("deadlock", r"deadlock at t=.*\n  rank 0 waits for a message from rank 1 \(tag 9\)\n"
+                 r"  rank 1 waits for a message from rank 0 \(tag 7\)"),
+    ("timeout", r"rank 1 \(and 2 rank\(s\) in all\) did not finish within the timeout of 3 s"),
     ("never received", r"rank 1 finished without receiving messages sent to it"),
 ])
 def test_no_segment_is_left_after_a_failure(what, pattern):
@@ -477,8 +482,11 @@ def test_no_resource_tracker_warning_after_success_and_every_failure():
     assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr
 
 
-def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch):
-    monkeypatch.setenv("DSML_START_METHOD", "spawn")
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch, method):
+    """Also: a forkserver child's parent is the server, which its check for an orphaned rank
+    must not take for a dead parent."""
+    monkeypatch.setenv("DSML_START_METHOD", method)
     values = run(ring, 2, args=(100_000, 3, 5)).values
     assert same_bits(values[0][1], values[1][0])
 

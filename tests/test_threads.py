@@ -15,6 +15,7 @@ import pytest
 
 import dsml
 from dsml import RankError, SizeOnly
+from dsml.sim import DeadlockError
 from dsml.comm import threads as threads_engine
 from leaks import nothing_left_behind, rank_threads  # noqa: F401
 
@@ -172,7 +173,7 @@ def test_a_non_request_names_the_rank():
         run(junk, 2)
 
 
-def test_a_timeout_lists_what_each_rank_waits_for():
+def test_a_hopeless_wait_is_a_deadlock_found_at_once_listing_what_each_rank_waits_for():
     def waits(comm):
         if comm.rank == 1:
             yield comm.recv(0, tag=7)     # never sent
@@ -181,25 +182,46 @@ def test_a_timeout_lists_what_each_rank_waits_for():
         yield comm.compute(0.0)
 
     start = time.monotonic()
-    with pytest.raises(RankError) as info:
-        run(waits, 3, timeout=1)
-    assert time.monotonic() - start < 1 + 15
+    with pytest.raises(DeadlockError) as info:
+        run(waits, 3, timeout=60)
+    assert time.monotonic() - start < 30          # found, not timed out
     message = str(info.value)
-    assert info.value.rank == 1
-    assert "did not finish within the timeout of 1 s" in message
-    assert "rank 0 finished" in message
+    assert isinstance(info.value, RankError) and info.value.rank == 1
+    assert message.startswith("deadlock at t=")
     assert "rank 1 waits for a message from rank 0 (tag 7)" in message
     assert "rank 2 waits for a message from rank 1 (tag 0)" in message
+    assert "rank 0" not in message.replace("from rank 0", "")      # it finished
 
 
-def test_a_deadlock_times_out_naming_each_rank():
+def test_a_deadlock_is_found_at_once_naming_each_rank():
     def everyone_waits(comm):
         yield comm.recv((comm.rank + 1) % comm.size)
 
-    with pytest.raises(RankError) as info:
-        run(everyone_waits, 3, timeout=1)
+    start = time.monotonic()
+    with pytest.raises(DeadlockError) as info:
+        run(everyone_waits, 3, timeout=60)
+    assert time.monotonic() - start < 30
     for rank in range(3):
         assert f"rank {rank} waits for a message from rank {(rank + 1) % 3}" in str(info.value)
+
+
+def test_a_timeout_names_the_rank_that_keeps_running_and_stops_it():
+    """A rank looping on compute() never waits: only the timeout ends the run, and the
+    thread is stopped at its next request (no thread is left spinning)."""
+    def spins(comm):
+        if comm.rank == 1:
+            while True:
+                yield comm.compute(1e-3)
+        yield comm.recv(1)
+
+    with pytest.raises(RankError) as info:
+        run(spins, 2, timeout=1)
+    assert info.value.rank == 1
+    message = str(info.value)
+    assert "did not finish within the timeout of 1 s" in message
+    assert "rank 0 waits for a message from rank 1 (tag 0)" in message
+    assert "rank 1 is running its program" in message
+    assert "could not be stopped" not in message
 
 
 def test_a_message_never_received_is_an_error():

@@ -7,6 +7,8 @@ For each ``notebooks/week*.ipynb``: run it top to bottom in a fresh ``python3`` 
     build/<name>.html    the rendered page, figures embedded
     build/index.html     one link per week with its title, run time and checks
     build/summary.json   the same numbers, machine-readable
+    build/mathjax/       MathJax 2.7, copied from the jupyter-server-mathjax package: the pages
+                         render their formulas with no network (see `ship_mathjax`)
 
 and print a table: seconds against a per-notebook budget, figures, asserts, graded exercises.
 Exits non-zero if any notebook fails, showing the failing cell's error.
@@ -14,16 +16,21 @@ Exits non-zero if any notebook fails, showing the failing cell's error.
 from __future__ import annotations
 
 import ast
+import itertools
 import html
+import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 
@@ -31,6 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_BUDGET_S = 60.0
 TOTAL_BUDGET_S = 360.0
 CELL_TIMEOUT_S = 600
+MATHJAX_PACKAGE = "jupyter_server_mathjax"   # MathJax 2.7's files, on PyPI (the course extra)
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"   # a configuration that package ships
+CDN_MATHJAX = HTMLExporter.mathjax_url.default_value
+_kernels = itertools.count()
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HEADING_RE = re.compile(r"^#+\s+(.+?)\s*#*\s*$")
 
@@ -88,6 +99,54 @@ def output_stats(nb: nbformat.NotebookNode) -> dict[str, int]:
             "not_attempted": not_attempted}
 
 
+def mathjax_files() -> Path | None:
+    """The directory holding MathJax.js in the installed jupyter-server-mathjax package (found
+    without importing it: it would import a Jupyter server), or None if it is not installed."""
+    spec = importlib.util.find_spec(MATHJAX_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    static = Path(list(spec.submodule_search_locations)[0]) / "static"
+    return static if (static / "MathJax.js").is_file() else None
+
+
+def ship_mathjax(outdir: Path) -> str:
+    """Copy MathJax into ``outdir/mathjax`` (once) and return the page-relative URL the HTML
+    loads it from, so that the course renders its formulas offline. Without the package the
+    pages load MathJax from its CDN, with a warning."""
+    source = mathjax_files()
+    if source is None:
+        print(f"warning: {MATHJAX_PACKAGE} is not installed (pip install -e '.[course]'); the "
+              f"HTML will load MathJax from {CDN_MATHJAX.split('/ajax')[0]} and show formulas "
+              f"as LaTeX source offline", file=sys.stderr)
+        return CDN_MATHJAX
+    target = Path(outdir) / "mathjax"
+    if not (target / "MathJax.js").is_file():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    return f"mathjax/MathJax.js?config={MATHJAX_CONFIG}"
+
+
+def kernel_config() -> Config:
+    """The kernel talks to nbclient over local (IPC) sockets where the platform has them. Over
+    TCP, its default, ipykernel warns at every start that the traffic is not encrypted."""
+    config = Config()
+    if os.name == "posix":
+        config.KernelManager.transport = "ipc"
+        # The sockets' path prefix must be absolute: the kernel runs in the notebook's folder.
+        config.KernelManager.ip = os.path.join(tempfile.gettempdir(),
+                                               f"dsml-kernel-{os.getpid()}-{next(_kernels)}")
+    return config
+
+
+def render_html(nb: nbformat.NotebookNode, outdir: Path) -> str:
+    """The notebook as an HTML page whose figures are embedded and whose formulas MathJax
+    renders from ``outdir/mathjax`` (`ship_mathjax`)."""
+    exporter = HTMLExporter()
+    exporter.embed_images = True
+    exporter.mathjax_url = ship_mathjax(outdir)
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
 def _kernel_env() -> dict[str, str]:
     env = dict(os.environ)
     env["MPLBACKEND"] = "Agg"
@@ -121,7 +180,7 @@ def run_notebook(path: Path | str, outdir: Path | str) -> dict:
     # MPLBACKEND=Agg keeps every process headless (worker processes included); the kernel
     # itself switches to the inline backend, which renders with Agg and captures the figures.
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            extra_arguments=["--matplotlib=inline"],
+                            extra_arguments=["--matplotlib=inline"], config=kernel_config(),
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     error = None
     start = time.perf_counter()
@@ -132,10 +191,7 @@ def run_notebook(path: Path | str, outdir: Path | str) -> dict:
     seconds = time.perf_counter() - start
 
     nbformat.write(nb, str(outdir / f"{path.stem}.ipynb"))
-    exporter = HTMLExporter()
-    exporter.embed_images = True
-    body, _ = exporter.from_notebook_node(nb)
-    (outdir / f"{path.stem}.html").write_text(body, encoding="utf-8")
+    (outdir / f"{path.stem}.html").write_text(render_html(nb, outdir), encoding="utf-8")
 
     stats = {"notebook": path.stem, "title": title_of(nb, path.stem), "ok": error is None,
              "error": error, "seconds": round(seconds, 2), "asserts": count_asserts(nb)}

@@ -32,6 +32,8 @@ goes to whichever activity's receive takes it first.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 import traceback
 from collections import deque
@@ -40,15 +42,21 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
-                           RunResult, Send, SendRecv, payload_nbytes, request_choices, start_rank)
-from dsml.sim import Trace
+                           RunResult, Send, SendRecv, payload_nbytes, start_rank)
+from dsml.comm.mistakes import not_a_request, returned_generator
+from dsml.sim import DeadlockError, Trace
 
 # States in a Status record.
 RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
 # state, peer (the activity joined, when JOINING), tag, then for a rank that runs activities:
 # which one the record shows (0: the main program), how many others wait too, and whether
-# the main program has already returned (1).
-STATUS_FIELDS = 6
+# the main program has already returned (1); then the messages the rank has sent (hellos and
+# failure notices included), the messages it has taken from its channels (matched or
+# stashed), and how many of those wait in its stash — what the parent needs to see that a
+# run cannot go on (`hopeless`).
+STATUS_FIELDS = 9
+SENT, TAKEN, STASHED = 6, 7, 8
+CHECK_EVERY = 0.05    # s: how often a busy rank checks that its run goes on (`drive`)
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
 ANY_SOURCE = -2       # the peer of a receive from any source, in a Status record
 FAILED = -3           # tag of a failure notice: the sender's program raised (failures="notify")
@@ -93,29 +101,38 @@ class Status:
 
     def set_activities(self, rank, state, peer, tag, activity, others, returned):
         base = rank * STATUS_FIELDS
-        self.cells[base:base + STATUS_FIELDS] = [state, peer, tag, activity, others,
-                                                 int(returned)]
+        self.cells[base:base + 6] = [state, peer, tag, activity, others, int(returned)]
 
     def describe(self, rank) -> str:
+        who, what = self.wait_of(rank)
+        return f"{who} {what}"
+
+    def wait_of(self, rank) -> tuple[str, str]:
+        """(who, what it does) of a rank: ("rank 1", "waits for a message from rank 0 (tag 0)"),
+        in the simulator's words."""
         base = rank * STATUS_FIELDS
-        state, peer, tag, activity, others, returned = self.cells[base:base + STATUS_FIELDS]
+        state, peer, tag, activity, others, returned = self.cells[base:base + 6]
         if state == DONE:
-            return f"rank {rank} finished"
+            return f"rank {rank}", "finished"
         who = f"rank {rank}" if activity == 0 else f"rank {rank} activity {activity}"
         if state == RECEIVING and peer == ANY_SOURCE:
-            text = f"{who} waits for a message from any rank (tag {tag})"
+            text = f"waits for a message from any rank (tag {tag})"
         elif state == RECEIVING:
-            text = f"{who} waits for a message from rank {peer} (tag {tag})"
+            text = f"waits for a message from rank {peer} (tag {tag})"
         elif state == JOINING:
-            text = f"{who} waits in join for its activity {peer} to finish"
+            text = f"waits in join for its activity {peer} to finish"
         else:
-            return f"rank {rank} is running its program (not waiting on a message)"
+            return f"rank {rank}", "is running its program (not waiting on a message)"
         if others:
             text += (f" (and {others} other activit{'y' if others == 1 else 'ies'} of rank "
                      f"{rank} wait{'s' if others == 1 else ''})")
         if returned:
             text += "; its program has returned without joining it"
-        return text
+        return who, text
+
+    def count(self, rank, field) -> None:
+        """One more message sent (SENT) or taken (TAKEN) by `rank`."""
+        self.cells[rank * STATUS_FIELDS + field] += 1
 
 
 def peer_failed(rank: int, error: BaseException) -> Exception:
@@ -135,6 +152,11 @@ class PeerGone(Exception):
         self.rank, self.error = rank, error
 
 
+class RankDied(Exception):
+    """A rank's process ended without a result (killed by a signal, `os._exit`): with
+    failures="notify" it is a failed rank like one that raised, and this is its error."""
+
+
 class RemoteFailure(Exception):
     """What a rank raised, when the exception itself could not be sent (it does not pickle):
     its one-line summary."""
@@ -152,6 +174,11 @@ class MatchingTransport:
     def __init__(self, rank: int, status: Status):
         self.rank = rank
         self.status = status
+        self.notify = False       # failures="notify": a peer's death is a failure too
+        # Where this rank's message counts live (counted inline on every message: cheap).
+        self.cells = status.cells
+        self.sent_at = rank * STATUS_FIELDS + SENT
+        self.taken_at = rank * STATUS_FIELDS + TAKEN
         self.early = {}     # (src, tag) -> deque of payloads that arrived before their recv
         self.failed = {}    # rank -> the exception its program raised (failures="notify")
         self.started = None       # perf_counter time of the common start (set by drive)
@@ -161,20 +188,26 @@ class MatchingTransport:
         key = (src, tag)
         stash = self.early.get(key)
         if stash:
+            self.unstashed(1)
             return stash.popleft()
         if src in self.failed:
             raise PeerGone(src, self.failed[src])
-        self.status.set(self.rank, RECEIVING, src, tag)
+        status, rank = self.status, self.rank
+        status.set(rank, RECEIVING, src, tag)
         while True:
             got_src, got_tag, payload = self._next(src)
-            if got_src == src and got_tag == tag:
-                self.status.set(self.rank, RUNNING)
-                return payload
+            if got_src == src and (got_tag == tag or got_tag == FAILED):
+                # RUNNING before the count: the parent reads counts, states, counts again
+                # (`hopeless`), so it never sees this rank waiting with its message taken.
+                status.set(rank, RUNNING)
+                self.cells[self.taken_at] += 1
+                if got_tag == tag:
+                    return payload
+                self.note_failure(src, payload)
+                raise PeerGone(src, payload)
+            self.cells[self.taken_at] += 1      # still waiting: a message for later
             if got_tag == FAILED:
                 self.note_failure(got_src, payload)
-                if got_src == src:
-                    self.status.set(self.rank, RUNNING)
-                    raise PeerGone(src, payload)
                 continue
             self.stash(got_src, got_tag, payload)
 
@@ -202,6 +235,17 @@ class MatchingTransport:
         if stash is None:
             stash = self.early[(src, tag)] = deque()
         stash.append(payload)
+        self.unstashed(-1)
+
+    def unstashed(self, count) -> None:
+        """`count` messages left the stash (negative: came into it): keep the number that
+        wait there in the status record (for the report of a deadlock)."""
+        self.status.cells[self.rank * STATUS_FIELDS + STASHED] -= count
+
+    def checkpoint(self) -> None:
+        """Called by a busy rank about every CHECK_EVERY seconds, between requests: a
+        transport raises or exits here when the run is over for this rank (threads: the run
+        was cancelled; processes: the parent has gone)."""
 
     def connect(self, size: int):
         """Say hello to every peer and hear from every peer, so that every channel is open
@@ -224,8 +268,16 @@ class MatchingTransport:
 
 
 def _not_a_request(request) -> TypeError:
-    return TypeError(f"yielded {request!r}, which is not a request; yield one of "
-                     f"{request_choices()}")
+    return TypeError(not_a_request(request))
+
+
+def _finished(value):
+    """The program returned `value`: refuse a generator (a collective called without
+    `yield from`)."""
+    mistake = returned_generator(value)
+    if mistake is not None:
+        raise TypeError(mistake)
+    return value
 
 
 def drive(rank: int, size: int, program, args, kwargs, transport,
@@ -245,6 +297,7 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     t0 = transport.started = clock()
     value = None
     throw = None              # a PeerFailed for the program (failures="notify")
+    check_at = t0 + CHECK_EVERY
     while True:
         try:
             if throw is None:
@@ -257,9 +310,13 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
                 request, throw = gen.throw(throw), None
         except StopIteration as stop:
             t_end = clock()
+            result = _finished(stop.value)
             transport.status.set(rank, DONE)
-            return Outcome(stop.value, t0, t_end, records, sent, received)
+            return Outcome(result, t0, t_end, records, sent, received)
         start = clock()
+        if start >= check_at:       # a rank that never waits still learns the run is over
+            transport.checkpoint()
+            check_at = start + CHECK_EVERY
         kind = type(request)
         if kind is SendRecv:
             transport.send(request.dst, request.tag, request.payload)
@@ -331,6 +388,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
     peers = set(range(size)) - {rank}
     spawned = 0
     outcome = None
+    checks = [start + CHECK_EVERY]          # when a busy rank next checks that the run goes on
 
     def main_returned():
         return main.done
@@ -359,9 +417,13 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     activity.done = True
                     running.remove(activity)
                     if activity is main:
-                        outcome = Outcome(stop.value, t0, clock(), records, sent, received)
+                        outcome = Outcome(_finished(stop.value), t0, clock(), records, sent,
+                                          received)
                     return
                 start = clock()
+                if start >= checks[0]:
+                    transport.checkpoint()
+                    checks[0] = start + CHECK_EVERY
             kind = type(request)
             if kind is SendRecv or kind is Recv:
                 if kind is SendRecv:
@@ -379,6 +441,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     queue.append(activity)
                     return
                 value = box.popleft()
+                transport.unstashed(1)
                 received[request.src] += 1
                 if records is not None:
                     if kind is SendRecv:
@@ -418,6 +481,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     posted_any.setdefault(tag, deque()).append(activity)
                     return
                 value = (found[0], stash[found].popleft())
+                transport.unstashed(1)
                 received[found[0]] += 1
                 if records is not None:
                     records.append((rank, "recv", start, clock(), found[0], rank,
@@ -508,6 +572,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
             while queue and box:
                 activity = queue.popleft()
                 activity.value = box.popleft()
+                transport.unstashed(1)
                 received[key[0]] += 1
                 ready.append(activity)
             if not queue:
@@ -520,6 +585,7 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     break
                 activity = queue.popleft()
                 activity.value = (key[0], stash[key].popleft())
+                transport.unstashed(1)
                 received[key[0]] += 1
                 ready.append(activity)
 
@@ -560,7 +626,8 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
         show_waits()
         sources = peers if any(posted_any.values()) else {key[0] for key in posted}
         src, tag, payload = transport._next_any(sources)
-        transport.status.set(rank, RUNNING)
+        transport.status.set(rank, RUNNING)          # before the count (see recv)
+        transport.status.count(rank, TAKEN)
         deliver(src, tag, payload)
 
 
@@ -588,10 +655,109 @@ def rank_failed(rank: int, summary: str, traceback_text: str) -> RankError:
                      f"{traceback_text}")
 
 
-def timed_out(pending, status: Status, world_size: int, timeout: float) -> RankError:
-    waiting = "\n  ".join(status.describe(r) for r in range(world_size))
-    return RankError(min(pending), f"(and {len(pending)} rank(s) in all) did not finish "
+def timed_out(pending, status: Status, world_size: int, timeout: float,
+              stopped=()) -> RankError:
+    """The error of a run that outlasted its timeout. It names a rank in `stopped` (processes
+    the operating system has stopped, e.g. by SIGSTOP) if there is one, else the lowest
+    unfinished rank that is not waiting for a message (busy in its own code), else the lowest
+    unfinished rank."""
+    lines = []
+    for r in range(world_size):
+        line = status.describe(r)
+        if r in stopped:
+            line += " — its process is stopped (SIGSTOP or a debugger?)"
+        lines.append(line)
+    busy = [r for r in sorted(pending) if status.cells[r * STATUS_FIELDS] == RUNNING]
+    named = min(stopped) if stopped else busy[0] if busy else min(pending)
+    waiting = "\n  ".join(lines)
+    return RankError(named, f"(and {len(pending)} rank(s) in all) did not finish "
                      f"within the timeout of {timeout:g} s:\n  {waiting}")
+
+
+def check_timeout(timeout) -> float | None:
+    """`timeout` as the engines take it: seconds > 0, or None (also float('inf')) for no
+    limit; anything else is a ValueError naming the argument and its range."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) \
+            or not timeout > 0:                     # also refuses NaN
+        raise ValueError(f"timeout must be > 0 seconds (or None for no limit), got {timeout!r}")
+    if math.isinf(timeout):
+        return None
+    return float(timeout)
+
+
+def deadline_of(timeout: float | None) -> float:
+    """The time.monotonic() at which a run of `timeout` seconds (None: no limit) ends."""
+    return math.inf if timeout is None else time.monotonic() + timeout
+
+
+class _Waiting:
+    """A rank that waits, in the shape `dsml.sim.DeadlockError` describes: `name`,
+    `waiting_for` (with `describe()`) and `sim.now`."""
+
+    def __init__(self, name, what, now):
+        self.name, self.waiting_for = name, self
+        self.what = what
+        self.sim = self
+        self.now = now
+
+    def describe(self):
+        return self.what
+
+
+class RealDeadlock(DeadlockError, RankError):
+    """A deadlock that a real engine found (`hopeless`): every unfinished rank waits for a
+    message that no rank will send. Worded by the simulator's DeadlockError (and it is one);
+    also a RankError whose `.rank` is the lowest waiting rank."""
+
+    def __init__(self, waiting, note, rank):
+        # DeadlockError formats the message; RankError.__init__ would reword it.
+        text = str(DeadlockError(waiting, note))
+        RuntimeError.__init__(self, text)
+        self.waiting, self.rank = waiting, rank
+
+
+def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
+    """A RealDeadlock if the run cannot go on, else None.
+
+    It cannot when no rank runs (each has finished, or waits for a message or a join), at
+    least one waits, and every message sent has been taken from its channel (so nothing is
+    on its way that could wake anyone: what was taken and not received waits in a stash, and
+    a waiting rank has looked there). Ranks set RUNNING before counting the message that
+    woke them, so reading the counts, then the states, then the counts again, and asking
+    that nothing was taken in between, never mistakes a rank just woken for a waiting one."""
+    cells = status.cells
+    before = cells[:]
+    states = cells[:]
+    after = cells[:]
+    width = STATUS_FIELDS
+    waiting = []
+    for r in range(world_size):
+        state = states[r * width]
+        if state == RUNNING:
+            return None
+        if state != DONE:
+            waiting.append(r)
+    if not waiting:
+        return None
+    taken = after[TAKEN::width]
+    if before[TAKEN::width] != taken or sum(after[SENT::width]) != sum(taken):
+        return None
+    view = Status(states)
+    ranks = []
+    for r in waiting:
+        who, what = view.wait_of(r)
+        ranks.append(_Waiting(who, what, elapsed))
+    held = [(r, after[r * width + STASHED]) for r in range(world_size)
+            if after[r * width + STASHED] > 0]
+    note = (f"(found by engine={engine!r}: every unfinished rank waits for a message that "
+            f"no rank will send)")
+    if held:
+        note = ("messages that arrived but were never received (a tag or peer mismatch?):\n  "
+                + "\n  ".join(f"rank {r} holds {n} message(s) no receive has taken"
+                               for r, n in held) + "\n" + note)
+    return RealDeadlock(ranks, note, waiting[0])
 
 
 def check_all_received(outcomes, failed=None) -> None:

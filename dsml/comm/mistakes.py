@@ -1,4 +1,5 @@
-"""Plumbing (hand-written): the messages for a rank program's common mistakes, for every engine.
+"""Plumbing (hand-written): the messages for a rank program's common mistakes, shared by every
+engine (the simulator's `SimEngine.handle`, `run`, and the real engines' `driver.drive`).
 
 The most common one: a collective (a generator function such as week 2's `allreduce`) called
 like a function. `yield allreduce(comm, x)` hands the engine a generator instead of a request,
@@ -19,15 +20,19 @@ def generator_name(gen) -> str:
     return getattr(gen, "__qualname__", None) or getattr(gen, "__name__", "?")
 
 
-def not_a_request(request) -> str:
-    """What to say (after "rank r ") when a rank program yielded something that is no request."""
+def not_a_request(request, choices: str | None = None) -> str:
+    """What to say (after "rank r ") when a rank program yielded something that is no request;
+    `choices` lists the valid requests (by default `api.request_choices()`: a notebook passes
+    its own)."""
     if isinstance(request, types.GeneratorType):
         return (f"yielded a generator ({generator_name(request)}(...)), not a request; "
                 f"{USE_YIELD_FROM}")
     if inspect.isgeneratorfunction(request):
         return (f"yielded the generator function {generator_name(request)} itself, not a "
                 f"request; {USE_YIELD_FROM}")
-    return f"yielded {request!r}, which is not a request; yield one of {request_choices()}"
+    if choices is None:
+        choices = request_choices()
+    return f"yielded {request!r}, which is not a request; yield one of {choices}"
 
 
 def returned_generator(value) -> str | None:

@@ -147,7 +147,7 @@ class _Expired(Exception):
 def encode(tag: int, payload):
     """One message: a NumPy uint8 buffer (header + the array's bytes) for a bare C-contiguous
     array of a plain dtype, else bytes (kind + pickle). Either is a copy of the payload."""
-    if type(payload) is np.ndarray and payload.flags.c_contiguous:
+    if type(payload) is np.ndarray and payload.flags.c_contiguous and -(1 << 63) <= tag < 1 << 63:
         code = _dtype_code(payload.dtype)
         if code is not None and payload.ndim <= 64:
             ndim = payload.ndim

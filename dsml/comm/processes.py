@@ -52,7 +52,9 @@ with the `threads` engine). The transport:
 - **Clean-up.** Segments are named `dsml_<parent pid>_<run>_<rank>_<n>`. After every run,
   successful or not, the parent unlinks every segment with its run's prefix: from a listing of
   /dev/shm where there is one (Linux), else by trying every name the ranks counted in a shared
-  array (a rank counts a segment before creating it).
+  array (a rank counts a segment before creating it). A rank whose parent dies unlinks the
+  segments it created (`orphaned`), and each run first sweeps the segments of parents that no
+  longer exist (`sweep_segments`).
 
 Python's resource tracker: before 3.13 every `SharedMemory` — created *or attached* —
 registers with the tracker, which unlinks and warns about what is still registered when it
@@ -74,11 +76,16 @@ library's own set-threads function (OpenBLAS as NumPy's wheels bundle it, MKL, B
 ctypes. Spawned children get the variables in their environment before NumPy loads.
 
 Failure handling: the parent waits on every child's result pipe and process sentinel with
-a deadline. A rank that raises sends its traceback; a rank that dies is noticed through its
-sentinel; on timeout each unfinished rank's last request is read from a shared status array
-("rank 1 waits for a message from rank 0 (tag 0)"). In every case all children are killed
-and joined, and the run's shared-memory segments unlinked, before the error is raised. A
-child whose parent has gone away exits by itself (it checks once a second while it waits).
+a deadline, reading results without blocking. A rank that raises sends its traceback; a rank
+that dies is noticed through its sentinel (with failures="notify" it is a failed rank, and its
+peers see the end of its pipes without a goodbye frame); every 50 ms the parent asks
+`driver.hopeless` whether the run can still go on, and raises the deadlock at once if not; on
+timeout each unfinished rank's last request is read from a shared status array ("rank 1 waits
+for a message from rank 0 (tag 0)"), and a stopped process is named. In every case all children
+are killed and joined, and the run's shared-memory segments unlinked, before the error is
+raised — also when SIGTERM reaches the parent. A child whose parent has gone away exits by
+itself: SIGTERM from the kernel on Linux (PR_SET_PDEATHSIG), and everywhere a check of
+getppid() every 50 ms while busy and every second while it waits.
 """
 from __future__ import annotations
 
@@ -88,8 +95,10 @@ import multiprocessing as mp
 import os
 import pickle
 import select
+import signal
 import struct
 import sys
+import threading
 import time
 import weakref
 from collections import deque
@@ -100,15 +109,16 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from dsml.comm.api import RankError, RunResult
-from dsml.comm.driver import (FAILED, MatchingTransport, RemoteFailure, Status, STATUS_FIELDS,
-                              check_all_received,
-                              describe_exception, drive, make_result, rank_failed, stop_children,
-                              timed_out)
+from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, MatchingTransport, RankDied,
+                              RemoteFailure, Status, STATUS_FIELDS, check_all_received,
+                              check_timeout, deadline_of, describe_exception, drive, hopeless,
+                              make_result, rank_failed, stop_children, timed_out)
 
 SHM_THRESHOLD = 32 * 1024   # bytes: arrays this large go through shared memory
 SHM_PREFIX = "dsml_"
 SHM_DIR = "/dev/shm"        # where Linux shows POSIX shared memory; absent on macOS
 POLL = 1.0                  # s: how often a waiting child checks that its parent is alive
+ORPHANED = 70               # exit code of a rank whose parent has gone
 SPIN = 5e-3                 # s: how long a pinned rank's receive polls its pipe before sleeping
 YIELD_SPIN = 200e-6         # s: the same without a core of its own (sched_yield between polls)
 READ_SIZE = 1 << 18         # bytes asked of a pipe per read
@@ -326,6 +336,7 @@ def unlink_segments(prefix: str, created) -> list[str]:
 # --- pipes ------------------------------------------------------------------------------------
 
 _ACK = -2      # frame tag: "I am done with the arrays in these segments of yours" (names)
+_BYE = -4      # frame tag: "my program has returned" (failures="notify": end of file is death)
 
 # A frame is its length (8 bytes) and a body whose first byte says how to read the rest:
 _PICKLED = 0   # pickle of (tag, payload): structured messages, anything unusual
@@ -336,6 +347,7 @@ _PICKLED_HEAD = struct.Struct("<QB")
 _RAW_HEAD = struct.Struct("<QBqBB")   # frame length, kind, tag, ndim, length of the dtype code
 _REF_HEAD = struct.Struct("<QBqBBB")  # ... and the length of the segment's name
 _DIMS = [struct.Struct(f"<{ndim}q") for ndim in range(64 + 1)]
+_BIG_TAG = 1 << 63  # tags outside ±2**63 do not fit the raw headers: such frames are pickled
 _DTYPE_CODES = {}   # dtype -> its code (dtype.str as bytes), or None if it cannot go raw
 _DTYPES = {}        # code -> dtype
 
@@ -363,6 +375,8 @@ def encode_frame(tag, payload) -> bytes:
     bare reference to a segment and an acknowledgement; anything else is pickled (protocol
     5: NumPy keeps non-native byte orders there)."""
     kind = type(payload)
+    if not -_BIG_TAG <= tag < _BIG_TAG:       # any integer tag ≥ 0 works, as on every engine
+        kind = None
     if kind is np.ndarray and payload.flags.c_contiguous:
         code = _dtype_code(payload.dtype)
         if code is not None and payload.ndim <= 64:
@@ -378,7 +392,7 @@ def encode_frame(tag, payload) -> bytes:
             size = _REF_HEAD.size - 8 + len(code) + len(name) + 8 * ndim
             return b"".join((_REF_HEAD.pack(size, _REF, tag, ndim, len(code), len(name)), code,
                              name, _DIMS[ndim].pack(*payload.shape)))
-    elif tag == _ACK:
+    elif tag == _ACK and kind is not None:
         body = "\n".join(payload).encode()
         return _PICKLED_HEAD.pack(len(body) + 1, _NAMES) + body
     body = pickle.dumps((tag, payload), protocol=5)
@@ -436,6 +450,7 @@ class PipeTransport(MatchingTransport):
         self.backlog = {dst: deque() for dst in writers}
         self.pending = set()                     # destinations with a backlog
         self.parent = os.getppid()
+        self.finished = set()                    # peers that said goodbye (failures="notify")
         # Spin hard only when this rank has a core of its own (pinned): on a core it shares
         # with a peer, spinning would take the time that peer needs to send what we wait
         # for. Without one, give the CPU away between polls (sched_yield), so that a peer
@@ -447,6 +462,7 @@ class PipeTransport(MatchingTransport):
     # sending
     def send(self, dst, tag, payload):
         frame = encode_frame(tag, self.segments.encode(payload, dst, self._make_room))
+        self.cells[self.sent_at] += 1        # counted before it can be taken
         if self.segments.returned:
             frame = self._acknowledge(dst) + frame       # one write for both
         self._send_frame(dst, frame)
@@ -490,6 +506,7 @@ class PipeTransport(MatchingTransport):
                 if frame is None:
                     break
                 tag, payload = frame
+                self.cells[self.taken_at] += 1
                 self.stash(dst, tag, payload)
 
     def _flush(self, dst) -> bool:
@@ -510,7 +527,30 @@ class PipeTransport(MatchingTransport):
 
     def send_notice(self, dst, error):
         """A failure notice (failures="notify"), after this rank's earlier frames to dst."""
+        self.cells[self.sent_at] += 1
         self._send_frame(dst, encode_frame(FAILED, portable(error)))
+
+    def say_goodbye(self) -> None:
+        """This rank's program has returned (failures="notify"): tell every peer, after its
+        last message, so that the end of file that follows is not taken for a death."""
+        for dst in self.writers:
+            self._send_frame(dst, encode_frame(_BYE, None))
+
+    def died(self, src):
+        """src's pipe is at its end with no goodbye and no failure notice (failures="notify"):
+        src died. The FAILED notice that stands for it, as `_next` returns one; it was never
+        sent, so it is not counted as taken either."""
+        self.cells[self.taken_at] -= 1
+        return (src, FAILED, RankDied(f"rank {src}'s process ended without a result"))
+
+    def gone(self, src) -> bool:
+        """True if src's end of file means it died (see `died`)."""
+        return self.notify and src not in self.finished and src not in self.failed
+
+    def checkpoint(self):
+        """A busy rank checks that its parent is still there (see `orphaned`)."""
+        if os.getppid() != self.parent:
+            orphaned()
 
     def finish(self):
         """After the program has returned: deliver what is still in the backlogs."""
@@ -540,6 +580,9 @@ class PipeTransport(MatchingTransport):
             if tag == _ACK:
                 for name in payload:
                     self.segments.release(name)
+                continue
+            if tag == _BYE:
+                self.finished.add(src)
                 continue
             if type(payload) is not np.ndarray:
                 payload = self.segments.decode(payload, src)
@@ -579,8 +622,10 @@ class PipeTransport(MatchingTransport):
                     got = self._fill(src)
             if got is False:
                 self._wait(self.readers[src])
-            elif got is None:         # the sender died: the parent notices and stops this rank
-                self._wait(None)
+            elif got is None:         # src's process has ended
+                if self.gone(src):
+                    return self.died(src)
+                self._wait(None)      # finished, or died: the parent ends the run
 
     def _next_any(self, sources):
         """The next message from any of `sources` (a set of ranks: the peers that a rank's
@@ -599,6 +644,9 @@ class PipeTransport(MatchingTransport):
                 if frame is not None:
                     return (src,) + frame
             got = self._fill_any(sources, closed)
+            for src in closed:
+                if self.gone(src):
+                    return self.died(src)
             if not got and self.segments.returned:
                 self._acknowledge()
             if not got and self.spin and sources:
@@ -636,7 +684,7 @@ class PipeTransport(MatchingTransport):
             poller.register(self.writers[dst], select.POLLOUT)
         ready = poller.poll(POLL * 1000)
         if not ready and os.getppid() != self.parent:
-            os._exit(70)              # orphaned: nobody will read our result
+            orphaned()
         for ready_fd, _ in ready:
             dst = self.dst_of.get(ready_fd)
             if dst is not None and ready_fd != fd:
@@ -749,8 +797,99 @@ def portable(error: BaseException) -> BaseException:
         return RemoteFailure(f"{type(error).__name__}: {error}")
 
 
+# --- a rank whose parent has gone -------------------------------------------------------------
+
+_transport = None       # this rank's PipeTransport (in a child), for `orphaned`
+
+
+def orphaned(signum=None, frame=None) -> None:
+    """The run is over for this rank without its parent (the parent died, or this rank was
+    sent SIGTERM): unlink the segments this rank created — nobody else will once the parent
+    is gone — and exit at once. Also SIGTERM's handler in a rank."""
+    transport = _transport
+    if transport is not None:
+        for name in list(transport.segments.owned):
+            _unlink_quietly(name)
+        _forget_attached(transport.segments.attached)
+    os._exit(ORPHANED if signum is None else 128 + signum)
+
+
+def _forget_attached(attached) -> None:
+    """Unregister the peers' segments this rank attached (attaching registers them with the
+    resource tracker before 3.13), which their owners unlink themselves: otherwise the
+    tracker, left alone once every rank has gone, warns about each. Skipped if this process
+    was interrupted while talking to the tracker (its lock is held: waiting would hang)."""
+    if sys.version_info >= (3, 13) or not attached:
+        return
+    lock = getattr(getattr(resource_tracker, "_resource_tracker", None), "_lock", None)
+    if lock is None or not lock.acquire(blocking=False):
+        return
+    lock.release()
+    for name in attached:
+        try:
+            resource_tracker.unregister("/" + name, "shared_memory")
+        except Exception:
+            return
+
+
+def _unlink_quietly(name) -> None:
+    try:
+        import _posixshmem
+        _posixshmem.shm_unlink("/" + name)
+    except (ImportError, OSError):
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG),
+    and make SIGTERM end it through `orphaned`. Elsewhere only the time-based checks remain
+    (`PipeTransport.checkpoint` between requests, and every POLL seconds while waiting).
+    The parent (`parent`, its pid; None to skip the check) may have died before the request
+    took effect: then end now."""
+    signal.signal(signal.SIGTERM, orphaned)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if parent is not None and os.getppid() != parent:
+        orphaned()
+
+
+def _write_result(conn, message) -> None:
+    """Send the result to the parent: its length (8 bytes) and its pickle, written whole
+    (a blocking write; the parent reads it without blocking, within its deadline). If the
+    parent has gone, the write fails (every other process closed its copy of the pipe's
+    read end) and the rank ends as an orphan."""
+    body = pickle.dumps(message, protocol=5)
+    head = _FRAME.pack(len(body))
+    fd = conn.fileno()
+    try:
+        os.set_blocking(fd, True)
+        if len(body) < READ_SIZE:
+            _write_all(fd, memoryview(head + body))
+        else:
+            _write_all(fd, memoryview(head))
+            _write_all(fd, memoryview(body))
+    except BrokenPipeError:
+        orphaned()
+
+
+def _write_all(fd, data) -> None:
+    while len(data):
+        data = data[os.write(fd, data):]
+
+
 def _child_main(rank, size, program, args, kwargs, channels, status_cells, created, result_conn,
-                record_trace, prefix, failures="stop"):
+                record_trace, prefix, failures="stop", parent=None, inherited=()):
+    global _transport
+    die_with_parent(parent)
+    for conn in inherited:       # other ranks' result pipes, copied by fork: not ours to hold
+        conn.close()
     one_blas_thread()
     keep_freed_memory()
     readers, writers = {}, {}
@@ -770,17 +909,20 @@ def _child_main(rank, size, program, args, kwargs, channels, status_cells, creat
                               {src: conn.fileno() for src, conn in readers.items()},
                               {dst: conn.fileno() for dst, conn in writers.items()},
                               Segments(prefix, rank, created))
+    transport.notify = failures == "notify"
+    _transport = transport
 
     try:
         # The hellos of connect() are the common start: a rank is through them only when
         # every rank has reached them (an all-to-all), so no separate barrier is needed.
         outcome = drive(rank, size, program, args, kwargs, transport, record_trace)
+        if transport.notify:
+            transport.say_goodbye()
         # Protocol 5, as for messages: NumPy's older protocols lose a non-native byte order.
-        result_conn.send_bytes(pickle.dumps(("ok", outcome), protocol=5))
+        _write_result(result_conn, ("ok", outcome))
     except Exception as error:
         if failures != "notify":
-            result_conn.send_bytes(pickle.dumps(("error",) + describe_exception(error),
-                                                protocol=5))
+            _write_result(result_conn, ("error",) + describe_exception(error))
             return
         # failures="notify": tell the peers (after what this rank sent them before), then the
         # parent; the run goes on without this rank.
@@ -788,9 +930,10 @@ def _child_main(rank, size, program, args, kwargs, channels, status_cells, creat
         started = transport.started if transport.started is not None else failed_at
         error = portable(error)
         transport.notify_peers(size, error)
-        result_conn.send_bytes(pickle.dumps(("failed", error, started, failed_at), protocol=5))
+        transport.status.set(rank, DONE)
+        _write_result(result_conn, ("failed", error, started, failed_at))
     except BaseException as error:   # report everything, including KeyboardInterrupt
-        result_conn.send_bytes(pickle.dumps(("error",) + describe_exception(error), protocol=5))
+        _write_result(result_conn, ("error",) + describe_exception(error))
         return
     finally:
         result_conn.close()
@@ -841,46 +984,116 @@ class _ChildEnvironment:
                 os.environ[var] = value
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while a run was under way: raised like Ctrl-C's KeyboardInterrupt, so
+    that the run cleans up (children stopped, segments unlinked); the signal's own effect
+    follows (`_SigtermCleansUp`)."""
+
+
+class _SigtermCleansUp:
+    """While a run is under way in the main thread, SIGTERM raises Terminated (the clean-up
+    of the run's `finally` happens), and afterwards the previous handler gets the signal —
+    by default this process then ends by SIGTERM, as it would have."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous not in (signal.SIG_IGN, None):
+                self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Terminated("SIGTERM during a run of the processes engine")
+
+    def __exit__(self, kind, error, tb):
+        if self.previous is None:
+            return False
+        signal.signal(signal.SIGTERM, self.previous)
+        if kind is Terminated:
+            if self.previous is signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGTERM)      # ends this process, as SIGTERM does
+            elif callable(self.previous):
+                self.previous(signal.SIGTERM, None)
+        return False
+
+
+def sweep_segments() -> list[str]:
+    """Unlink the segments of runs whose parent process has died (it was killed before it
+    could clean up): every name in /dev/shm that starts with `dsml_<pid>_` where no process
+    <pid> exists. Returns their names. Called at the start of every run (Linux)."""
+    if not os.path.isdir(SHM_DIR):
+        return []
+    swept = []
+    for name in os.listdir(SHM_DIR):
+        if not name.startswith(SHM_PREFIX):
+            continue
+        owner = name[len(SHM_PREFIX):].split("_", 1)[0]
+        if not owner.isdigit() or _alive(int(owner)):
+            continue
+        _unlink_quietly(name)
+        swept.append(name)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # someone else's process
+        return True
+    return True
+
+
 def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = True,
-                  timeout: float = 120.0, failures: str = "stop") -> RunResult:
+                  timeout: float | None = 120.0, failures: str = "stop") -> RunResult:
     """Run the rank program on `world_size` real processes; see the module docstring.
 
-    `timeout` (s) bounds the whole run, from the moment the children are started.
-    `failures="notify"`: a rank that raises tells its peers (FAILED notices), reports, and
-    ends alone; the run goes on.
+    `timeout` (s; None for no limit) bounds the whole run, from the moment the children are
+    started. `failures="notify"`: a rank that raises or dies tells its peers (FAILED notices,
+    or the end of its pipes), and the run goes on without it.
     """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    timeout = check_timeout(timeout)
     method = start_method()
     ctx = mp.get_context(method)
     _reserve_descriptors(world_size)
+    sweep_segments()
     resource_tracker.ensure_running()   # one tracker, shared by every rank (see docstring)
     prefix = f"{SHM_PREFIX}{os.getpid()}_{next(_run_ids)}_"
     channels = {(src, dst): ctx.Pipe(duplex=False)
                 for src in range(world_size) for dst in range(world_size) if src != dst}
     status_cells = ctx.RawArray("q", world_size * STATUS_FIELDS)
     created = ctx.RawArray("q", world_size)
-    deadline = time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     children, result_conns = [], []
-    try:
-        with _ChildEnvironment(method):
-            for rank in range(world_size):
-                parent_end, child_end = ctx.Pipe(duplex=False)
-                child = ctx.Process(
-                    target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
-                    args=(rank, world_size, program, args, kwargs or {}, channels,
-                          status_cells, created, child_end, trace, prefix, failures))
-                child.start()
-                child_end.close()
-                children.append(child)
-                result_conns.append(parent_end)
-        _close_channels(channels)      # the children hold their own ends now
-        outcomes, failed = _collect(children, result_conns, Status(status_cells), deadline,
-                                    timeout)
-    finally:
-        stop_children(children, result_conns)
-        _close_channels(channels)
-        unlink_segments(prefix, created)
+    with _SigtermCleansUp():
+        try:
+            with _ChildEnvironment(method):
+                for rank in range(world_size):
+                    parent_end, child_end = ctx.Pipe(duplex=False)
+                    # A forked child holds copies of the parent's ends of every result pipe
+                    # made so far, its own included: it closes them (a dead parent then
+                    # means a broken pipe, not a write that waits forever).
+                    inherited = result_conns + [parent_end] if method == "fork" else []
+                    child = ctx.Process(
+                        target=_child_main, name=f"dsml-rank-{rank}", daemon=True,
+                        args=(rank, world_size, program, args, kwargs or {}, channels,
+                              status_cells, created, child_end, trace, prefix, failures,
+                              # a forkserver child's parent is the server, not this process
+                              None if method == "forkserver" else os.getpid(), inherited))
+                    child.start()
+                    child_end.close()
+                    children.append(child)
+                    result_conns.append(parent_end)
+            _close_channels(channels)      # the children hold their own ends now
+            outcomes, failed = _collect(children, result_conns, Status(status_cells), deadline,
+                                        timeout, failures)
+        finally:
+            stop_children(children, result_conns)
+            _close_channels(channels)
+            unlink_segments(prefix, created)
     check_all_received(outcomes, failed)
     return make_result(outcomes, trace, "processes", failed)
 
@@ -891,53 +1104,99 @@ def _close_channels(channels):
         write_end.close()
 
 
-def _collect(children, result_conns, status, deadline, timeout):
-    """Wait for every child's result; raise RankError naming the first failure. Returns the
-    outcomes and, with failures="notify", {rank: (its exception, time of the failure)}."""
+class _Result:
+    """The parent's end of one child's result pipe, read without blocking: the message is
+    an 8-byte length and a pickle (`_write_result`)."""
+
+    def __init__(self, conn):
+        self.fd = conn.fileno()
+        os.set_blocking(self.fd, False)
+        self.buf = bytearray()
+        self.closed = False
+
+    def read(self):
+        """Read what is there now; the message if it is complete, else None."""
+        while not self.closed:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self.buf += chunk
+        if len(self.buf) >= 8:
+            (size,) = _FRAME.unpack_from(self.buf)
+            if len(self.buf) >= 8 + size:
+                with memoryview(self.buf) as view:
+                    return pickle.loads(view[8:8 + size])
+        return None
+
+
+def _stopped(children, pending) -> set:
+    """Unfinished ranks whose process the operating system has stopped (Linux: state T or t
+    in /proc/<pid>/stat), e.g. by SIGSTOP or a debugger."""
+    stopped = set()
+    for rank in pending:
+        try:
+            with open(f"/proc/{children[rank].pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t"):
+            stopped.add(rank)
+    return stopped
+
+
+def _collect(children, result_conns, status, deadline, timeout, failures="stop"):
+    """Wait for every child's result; raise RankError naming the first failure, or a
+    deadlock as soon as `hopeless` sees one. Returns the outcomes and, with failures="notify",
+    {rank: (its exception, start, time of the failure)}; a rank that dies is failed too."""
     world_size = len(children)
     outcomes = [None] * world_size
     failed = {}
     pending = set(range(world_size))
+    results = [_Result(conn) for conn in result_conns]
+    started = time.monotonic()
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise timed_out(pending, status, world_size, timeout)
+            raise timed_out(pending, status, world_size, timeout, _stopped(children, pending))
         objects = {}
         for r in pending:
-            objects[result_conns[r]] = r
+            objects[results[r].fd] = r
             objects[children[r].sentinel] = r
-        for ready in wait(list(objects), timeout=remaining):
-            rank = objects[ready]
+        ready = wait(list(objects), timeout=min(remaining, CHECK_EVERY))
+        if not ready:
+            deadlock = hopeless(status, world_size, time.monotonic() - started, "processes")
+            if deadlock is not None:
+                raise deadlock
+            continue
+        for handle in ready:
+            rank = objects[handle]
             if rank not in pending:
                 continue
-            message = _read_result(result_conns[rank])
+            message = results[rank].read()
             if message is None:
                 if children[rank].is_alive():
-                    continue        # woken without a result from a live child: wait again
-                _raise_child_error(rank, children, result_conns)
-            if message[0] == "error":
+                    continue        # the rest of the result is still on its way
+                message = results[rank].read()      # all it wrote is in the pipe by now
+            if message is None:     # the child is gone and sent no whole result
+                children[rank].join(timeout=1)
+                code = children[rank].exitcode
+                if failures != "notify":
+                    raise RankError(rank, f"died (exit code {code}) before returning a result")
+                now = time.perf_counter()
+                failed[rank] = (RankDied(f"rank {rank} died (exit code {code}) before "
+                                         f"returning a result"), now, now)
+                status.set(rank, DONE)
+            elif message[0] == "error":
                 raise rank_failed(rank, message[1], message[2])
-            if message[0] == "failed":      # failures="notify": its peers have been told
+            elif message[0] == "failed":      # failures="notify": its peers have been told
                 failed[rank] = message[1:]
             else:
                 outcomes[rank] = message[1]
             pending.discard(rank)
     return outcomes, failed
-
-
-def _read_result(conn):
-    """The child's result message, or None if there is none (nothing sent, or the child died
-    and its end of the pipe closed: poll() is then true, but recv() raises EOFError)."""
-    try:
-        return pickle.loads(conn.recv_bytes()) if conn.poll() else None
-    except (EOFError, OSError):
-        return None
-
-
-def _raise_child_error(rank, children, result_conns):
-    message = _read_result(result_conns[rank])
-    if message is not None and message[0] == "error":
-        raise rank_failed(rank, message[1], message[2])
-    child = children[rank]
-    child.join(timeout=1)
-    raise RankError(rank, f"died (exit code {child.exitcode}) before returning a result")

@@ -22,7 +22,9 @@ with no messages at all. Two pieces make that safe to run from a notebook or a t
   `every` seconds meanwhile (Hogwild! samples the shared parameters with it, to draw the loss
   against wall time). When a worker raises, dies, or the deadline passes, every worker is killed
   and joined before `WorkerError` (`WorkerTimeout` for the deadline) names the worker. Children
-  use one BLAS thread, as the engines' do.
+  use one BLAS thread, as the engines' do, and end when the parent dies (as the engines' ranks
+  do: `processes.die_with_parent`); the parent's segments are then unlinked by Python's resource
+  tracker, with which each is registered.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import _posixshmem
 import numpy as np
 
 from dsml.comm.driver import describe_exception, stop_children
-from dsml.comm.processes import SHM_PREFIX, one_blas_thread
+from dsml.comm.processes import SHM_PREFIX, die_with_parent, one_blas_thread
 
 __all__ = ["SharedArrays", "run_workers", "fork_context", "WorkerError", "WorkerTimeout"]
 
@@ -125,7 +127,8 @@ class SharedArrays:
         self.names = []
 
 
-def _child_main(target, worker, args, conn):
+def _child_main(target, worker, args, conn, parent=None):
+    die_with_parent(parent)     # a worker never outlives the process that started it
     one_blas_thread()
     try:
         value = target(worker, *args)
@@ -169,7 +172,7 @@ def run_workers(target: Callable, workers: int, args=(), timeout: float = 60.0,
         for worker in range(workers):
             parent_end, child_end = ctx.Pipe(duplex=False)
             child = ctx.Process(target=_child_main, name=f"dsml-worker-{worker}", daemon=True,
-                                args=(target, worker, args, child_end))
+                                args=(target, worker, args, child_end, os.getpid()))
             child.start()
             child_end.close()
             children.append(child)

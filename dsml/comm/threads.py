@@ -16,9 +16,11 @@ illustrate, and real processes to measure).
 
 Failure handling: threads cannot be killed. When a rank raises, or the run times out, the
 engine sets a cancellation flag; a blocked receive polls its queue with a short timeout and
-checks the flag, a send checks it too, so every rank ends at its next request (a rank stuck in
-its own code, never yielding, cannot be stopped: the error says so). The engine joins the
-threads before it raises. A timeout reports what each rank was waiting for.
+checks the flag, a send checks it too, and a busy rank checks it between requests every 50 ms,
+so every rank ends at its next request (a rank stuck in its own code, never yielding, cannot be
+stopped: the error says so). The engine joins the threads before it raises. A timeout reports
+what each rank was waiting for; a run that can never go on (`driver.hopeless`) is a
+DeadlockError at once.
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ import threading
 import time
 
 from dsml.comm.api import RankError, RunResult, snapshot
-from dsml.comm.driver import (FAILED, Cancelled, MatchingTransport, Status, STATUS_FIELDS,
-                              check_all_received, describe_exception, drive, make_result,
+from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, Cancelled, MatchingTransport,
+                              Status, STATUS_FIELDS, check_all_received, check_timeout,
+                              deadline_of, describe_exception, drive, hopeless, make_result,
                               rank_failed, timed_out)
 
 POLL = 0.05          # s: how often a blocked receive checks for cancellation
@@ -47,7 +50,15 @@ class ThreadTransport(MatchingTransport):
     def send(self, dst, tag, payload):
         if self.cancelled.is_set():
             raise Cancelled()
-        self.inboxes[dst].put((self.rank, tag, snapshot(payload)))
+        payload = snapshot(payload)
+        self.cells[self.sent_at] += 1        # counted before it can be taken
+        self.inboxes[dst].put((self.rank, tag, payload))
+
+    def checkpoint(self):
+        """A busy rank (one that never waits, e.g. looping on compute) stops here when the
+        run is cancelled."""
+        if self.cancelled.is_set():
+            raise Cancelled()
 
     def _next(self, src):
         get, cancelled = self.inbox.get, self.cancelled
@@ -61,6 +72,7 @@ class ThreadTransport(MatchingTransport):
     def send_notice(self, dst, error):
         """A failure notice (failures="notify"): the exception itself, after this rank's
         earlier messages in dst's inbox."""
+        self.cells[self.sent_at] += 1
         self.inboxes[dst].put((self.rank, FAILED, error))
 
     def _next_any(self, sources):
@@ -77,14 +89,13 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
     `timeout` (s) bounds the whole run, from the moment the threads are started.
     `failures="notify"`: a rank that raises tells its peers (FAILED notices) and ends alone.
     """
-    if not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    timeout = check_timeout(timeout)
     kwargs = kwargs or {}
     inboxes = [queue.SimpleQueue() for _ in range(world_size)]
     status = Status([0] * (world_size * STATUS_FIELDS))
     cancelled = threading.Event()
     reports = queue.SimpleQueue()   # (rank, Outcome or None, (summary, traceback) or None)
-    deadline = time.monotonic() + timeout
+    deadline = deadline_of(timeout)
 
     def rank_main(rank):
         transport = ThreadTransport(rank, inboxes, status, cancelled)
@@ -96,6 +107,7 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
         except Exception as error:
             if failures == "notify":                # the others go on without this rank
                 transport.notify_peers(world_size, error)
+                status.set(rank, DONE)
                 failed_at = time.perf_counter()
                 started = transport.started if transport.started is not None else failed_at
                 reports.put((rank, (error, started, failed_at), None))
@@ -110,7 +122,9 @@ def run_threads(program, world_size: int, args=(), kwargs=None, trace: bool = Tr
                                 daemon=True) for rank in range(world_size)]
     error = None
     try:
-        for thread in threads:
+        for rank, thread in enumerate(threads):
+            if time.monotonic() > deadline:        # starting thousands of threads takes time
+                raise timed_out(set(range(world_size)), status, world_size, timeout)
             thread.start()
         outcomes, failed = _collect(reports, status, world_size, deadline, timeout)
     except BaseException as caught:      # a failed rank, a timeout, or Ctrl-C in the caller
@@ -133,13 +147,17 @@ def _collect(reports, status, world_size, deadline, timeout):
     outcomes = [None] * world_size
     failed = {}
     pending = set(range(world_size))
+    started = time.monotonic()
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise timed_out(pending, status, world_size, timeout)
         try:
-            rank, outcome, failure = reports.get(timeout=remaining)
+            rank, outcome, failure = reports.get(timeout=min(remaining, CHECK_EVERY))
         except queue.Empty:
+            deadlock = hopeless(status, world_size, time.monotonic() - started, "threads")
+            if deadlock is not None:
+                raise deadlock from None
             continue
         if failure is not None:
             raise rank_failed(rank, *failure)

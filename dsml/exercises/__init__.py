@@ -26,6 +26,14 @@ layer above the engines: it and its week modules import `dsml.sim`, `dsml.net` a
 or an answer passed to check is None or `...`. Any other exception from the learner's code,
 a deadlock, or a failed rank program is reported as ✗, never raised, so a notebook always
 runs top to bottom.
+
+Time limit: each checker has one (`@checker(..., time_limit=s)`, DEFAULT_TIME_LIMIT if not
+given). An answer still running when it expires — an endless loop, a wait that never ends —
+is stopped and graded ✗ "did not finish within N s". In the main thread (where a notebook
+runs its cells) the limit is a SIGALRM timer whose handler raises inside the running code;
+elsewhere (another thread, or a platform without SIGALRM) a trace function checks the clock
+on every line, which is slower but stops the same loops. Code stuck inside one long call
+into C (a huge NumPy operation) is stopped when that call returns.
 """
 from __future__ import annotations
 
@@ -34,16 +42,24 @@ import inspect
 import numbers
 import pkgutil
 import re
+import signal
+import sys
+import threading
+import time
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 __all__ = ["check", "grade", "checker", "Grade", "Wrong", "known_ids", "checkers",
-           "PASSED", "FAILED", "NOT_ATTEMPTED", "expect_close", "as_float", "expect_rank_program"]
+           "PASSED", "FAILED", "NOT_ATTEMPTED", "expect_close", "as_float", "expect_rank_program",
+           "DEFAULT_TIME_LIMIT", "OutOfTime", "time_limit"]
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+DEFAULT_TIME_LIMIT = 30.0    # s a checker gives the learner's answers (see the docstring)
+ALARM_REPEAT = 2.0           # s between further alarms, if the first one's exception was lost
 _SYMBOL = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
 _ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
 
@@ -83,6 +99,7 @@ class Checker:
     title: str
     function: Callable
     answer_names: tuple
+    time_limit: float = DEFAULT_TIME_LIMIT
 
     @property
     def week(self) -> int:
@@ -92,10 +109,14 @@ class Checker:
 _REGISTRY: dict[str, Checker] = {}
 
 
-def checker(exercise_id: str, title: str):
-    """Decorator: register `function(*answers)` as the checker of `exercise_id`."""
+def checker(exercise_id: str, title: str, time_limit: float = DEFAULT_TIME_LIMIT):
+    """Decorator: register `function(*answers)` as the checker of `exercise_id`; the learner's
+    answers get `time_limit` seconds in all (see the module docstring)."""
     if not isinstance(exercise_id, str) or not _ID_PATTERN.match(exercise_id):
         raise ValueError(f"exercise_id must look like '1.4' (week.number), got {exercise_id!r}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) \
+            or not 0 < time_limit < float("inf"):
+        raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
 
     def register(function: Callable) -> Callable:
         names = tuple(inspect.signature(function).parameters)
@@ -103,7 +124,7 @@ def checker(exercise_id: str, title: str):
         if previous is not None and previous.function.__qualname__ != function.__qualname__:
             raise ValueError(f"exercise {exercise_id} already has a checker "
                              f"({previous.function.__qualname__})")
-        _REGISTRY[exercise_id] = Checker(exercise_id, title, function, names)
+        _REGISTRY[exercise_id] = Checker(exercise_id, title, function, names, float(time_limit))
         return function
     return register
 
@@ -147,6 +168,68 @@ def _lookup(exercise_id) -> Checker:
             return _REGISTRY[exercise_id]
     raise ValueError(f"unknown exercise id {exercise_id!r}; known ids: "
                      f"{', '.join(known_ids())} (give the id as a string, e.g. '1.4')")
+
+
+# --- the time limit ---------------------------------------------------------------------
+
+class OutOfTime(BaseException):
+    """Raised inside the learner's code when its time is up. A BaseException, so that an
+    `except Exception` in that code (or in an engine running it) does not swallow it."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise OutOfTime in the code run inside the block once `seconds` have passed."""
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        with _alarm(seconds):
+            yield
+    else:
+        with _traced(seconds):
+            yield
+
+
+def _out_of_time(signum=None, frame=None):
+    raise OutOfTime()
+
+
+@contextmanager
+def _alarm(seconds: float):
+    previous = signal.signal(signal.SIGALRM, _out_of_time)
+    # Then again every ALARM_REPEAT s: an exception raised where Python cannot pass it on
+    # (a fork hook, a __del__) is printed and lost, and the code would run on.
+    before, _ = signal.setitimer(signal.ITIMER_REAL, seconds, ALARM_REPEAT)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if before:                     # someone else's timer was running: give back its rest
+            left = before - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3))
+
+
+@contextmanager
+def _traced(seconds: float):
+    end = time.monotonic() + seconds
+    clock = time.monotonic
+
+    def local(frame, event, arg):
+        if clock() > end:
+            raise OutOfTime()
+        return local
+
+    def tracer(frame, event, arg):
+        if clock() > end:
+            raise OutOfTime()
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 # --- grading ---------------------------------------------------------------------------
@@ -199,7 +282,11 @@ def grade(exercise_id: str, *answers) -> Grade:
                               f"answer(s) ({expected}), got {len(answers)}; call it as "
                               f"check({exercise_id!r}, {expected})")
     try:
-        note = entry.function(*answers)
+        with time_limit(entry.time_limit):
+            note = entry.function(*answers)
+    except OutOfTime:
+        return result(FAILED, f"your code did not finish within {entry.time_limit:g} s and was "
+                              f"stopped: an endless loop, or a wait that never ends?")
     except Wrong as wrong:
         return result(FAILED, wrong.hint)
     except Exception as error:   # the learner's code: report it, never crash the notebook

@@ -14,6 +14,7 @@ a preset from `dsml.net.presets.network(name)`:
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -52,10 +53,24 @@ def _read(path) -> dict:
     if record.get("model") != "AlphaBeta":
         raise ValueError(f"{path}: unknown network model {record.get('model')!r}; "
                          f"this version reads AlphaBeta")
-    missing = [key for key in ("alpha", "beta", "gamma") if not isinstance(record.get(key),
-                                                                          (int, float))]
-    if missing:
-        raise ValueError(f"{path}: {', '.join(missing)} missing or not a number")
+    units = {"alpha": "s", "beta": "s/B", "gamma": "s/B"}
+    for key, unit in units.items():
+        value = record.get(key)
+        # JSON's true/false are Python bools, which are ints: not a time.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: \"{key}\" must be a number of {unit} (finite, ≥ 0), "
+                             f"got {value!r}" if key in record else
+                             f"{path}: \"{key}\" is missing (a number of {unit}, finite, ≥ 0)")
+        try:
+            number = float(value)
+        except OverflowError:                # a 400-digit integer
+            number = math.inf
+        if not math.isfinite(number):        # (a negative one: AlphaBeta refuses it below)
+            text = repr(value)
+            shown = text if len(text) <= 40 else f"{text[:20]}… ({len(text)} digits)"
+            raise ValueError(f"{path}: \"{key}\" must be a finite number of {unit} (≥ 0), "
+                             f"got {shown}")
+        record[key] = number
     return record
 
 
