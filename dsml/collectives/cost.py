@@ -73,7 +73,7 @@ def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
     return min(times, key=times.get)
 
 
-# -- cell 55
+# -- cell 56
 # busbw / algbw per collective (nccl-tests' doc/PERFORMANCE.md): the share of the size S that an
 # optimal algorithm pushes through each rank's port.
 BUSBW_FACTORS = {"allreduce": "2(p-1)/p", "allgather": "(p-1)/p", "reduce_scatter": "(p-1)/p",
