@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 66
+# -- cell 70
 import time
 
 import numpy as np
