@@ -4,7 +4,7 @@
 from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
 
 
-# -- cell 73
+# -- cell 75
 import os
 from typing import NamedTuple
 
@@ -60,7 +60,7 @@ def slowest_rank(values) -> list:
     return [max(per_rank[i] for per_rank in values) for i in range(len(values[0]))]
 
 
-# -- cell 74
+# -- cell 76
 def available_cores() -> int:
     """The CPUs this process may run on: up to this many ranks each get a core of their own."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -93,7 +93,7 @@ def predicted_allreduce(p: int, nbytes: int, network, algorithm: str = "ring",
     return max(simulate(program, p, network, trace=False).values)
 
 
-# -- cell 75
+# -- cell 77
 class Validation(NamedTuple):
     """One validated run: measured and predicted seconds per all-reduce."""
     algorithm: str

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 70
+# -- cell 71
 import time
 
 import numpy as np
@@ -37,6 +37,7 @@ def measure(program, p, args, repeats: int = 3, engine: str = "processes", stati
                             for _ in range(repeats)]))
 
 
+# -- cell 72
 def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
     """γ of this machine: the fastest of `repeats` in-place np.add of two float64 vectors of
     `nbytes` each — the reduction a combine stands for — per byte."""
