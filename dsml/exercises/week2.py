@@ -518,7 +518,8 @@ def check_pick_allreduce(pick_allreduce):
             if p & (p - 1) and best == "ring":
                 folding = (f" p = {p} is not a power of two: recursive doubling and "
                            f"halving–doubling first fold the extra ranks in and at the end "
-                           f"send them the result, steps the closed forms of `cost` leave out.")
+                           f"hand them their share of the result, steps the closed forms of "
+                           f"`cost` leave out.")
             elif p & (p - 1):
                 folding = (f" p = {p} is not a power of two, yet {best!r} wins: its folding "
                            f"steps cost extra messages too, but of a {nbytes}-byte vector — "
