@@ -26,6 +26,32 @@ def test_ping_pong_on_the_simulator_is_alpha_plus_n_beta(nbytes):
     assert values == [pytest.approx(3e-6 + nbytes * 2e-10, rel=1e-12)] * 2
 
 
+def test_ping_pong_takes_the_median_round_trip():
+    """One round trip during which the core was busy elsewhere (2 s → 12 s) moves the mean
+    (1.4 s one way) but not the median (0.5 s one way)."""
+    class Rank0:
+        rank = 0
+
+        def now(self):
+            return "now"
+
+        def send(self, dst, payload):
+            return "send"
+
+        def recv(self, src):
+            return "recv"
+
+    clock = iter([0.0, 1.0, 2.0, 12.0, 13.0, 14.0])
+    program = ping_pong(Rank0(), 8, 5)
+    request = next(program)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            reply = {"now": lambda: next(clock), "recv": lambda: np.zeros(8, np.uint8),
+                     "send": lambda: None}[request]()
+            request = program.send(reply)
+    assert stop.value.value == 0.5
+
+
 def test_measure_takes_the_slowest_rank_and_the_statistic():
     def reports(comm, base):
         if False:
