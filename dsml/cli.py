@@ -206,7 +206,10 @@ def validate(args) -> int:
           f"timed all-reduces as {format_bytes(BUDGET)} allows (5 to 200), the slowest rank's "
           f"time; median of {args.repeats} runs, the algorithms taking turns")
     print(f"# model: {network}, {source}")
-    print("# predicted: the simulator running the same algorithm over that model; "
+    if hasattr(os, "getloadavg"):        # other programs' load makes every measured time grow
+        print(f"# load average at the start: {os.getloadavg()[0]:.1f} on {available_cores()} "
+              f"cores")
+    print("# predicted: the simulator running the same timed loop over that model; "
           "error = predicted / measured - 1 (negative: the model is optimistic)")
     print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (us)':>14} "
           f"{'predicted (us)':>15} {'error':>8}")
