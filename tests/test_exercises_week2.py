@@ -234,7 +234,7 @@ def crossover_without_gamma(p, alpha, beta, gamma):
     return (2 * (p - 1) - L) * alpha / ((L - 2 * (p - 1) / p) * beta)
 
 
-# 2.6: section 17's crossover, against halving–doubling instead of the ring.
+# 2.6: section 18's crossover, against halving–doubling instead of the ring.
 def crossover_against_halving_doubling(p, alpha, beta, gamma):
     L = math.log2(p)
     return L * alpha / (L * (beta + gamma) - (p - 1) / p * (2 * beta + gamma))
