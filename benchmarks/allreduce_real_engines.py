@@ -26,8 +26,10 @@ this machine — timed the same way:
 Both MPI jobs are started with `dsml.comm.mpi.mpiexec_command` (the flags this host's mpiexec
 needs) and one BLAS thread per rank.
 
-Each measurement, for every size: a barrier, a few warm-up all-reduces, a barrier, N timed
-all-reduces; the time per all-reduce is the slowest rank's (max over ranks). The three are run
+Each measurement, for every size: a few warm-up all-reduces, a barrier, N timed all-reduces
+(N from `dsml.collectives.validate.allreduce_iterations`: as many as 64 MiB allows, 5 to 200 —
+the same rule, and for dsml the same rank program `timed_allreduce`, as `dsml validate` and
+week 2 section 15 use); the time per all-reduce is the slowest rank's (max over ranks). They are run
 **alternating** — for each repeat, for each world size, dsml then MPI then gloo (the order
 rotates every repeat) — so that noise on this shared machine hits all three alike; the table
 shows the median over repeats. busbw = 2(p − 1)/p · nbytes / time, as nccl-tests reports it.
@@ -63,18 +65,21 @@ import numpy as np  # noqa: E402
 from dsml.cli import format_bytes, parse_size  # noqa: E402
 from dsml.collectives import ALLREDUCE_ALGORITHMS, busbw_factor  # noqa: E402
 from dsml.collectives.buffers import block_sizes  # noqa: E402
+from dsml.collectives.validate import (BUDGET, allreduce_iterations, slowest_rank,  # noqa: E402
+                                       timed_allreduce)
 from dsml.comm.mpi import find_mpiexec, mpiexec_command, mpiexec_env  # noqa: E402
 
 ENGINES = ("dsml", "mpi", "gloo", "dsml-mpi", "plain")
 RESULT_MARK = "RESULT "        # a worker's line of JSON results on stdout starts with this
+QUICK_BUDGET = 16 * 1024**2     # bytes all-reduced per measurement under --quick
 
 
 def iterations(nbytes: int, quick: bool) -> tuple[int, int]:
-    """(warm-up, timed) all-reduces for a message of nbytes: enough to average over many
-    small ones, few enough that 64 MiB stays in seconds."""
-    budget = (16 if quick else 256) * 1024**2        # bytes all-reduced per measurement
-    timed = max(3, min(20 if quick else 200, budget // nbytes))
-    return min(5, timed), timed
+    """(warm-up, timed) all-reduces for a message of nbytes: dsml's one rule
+    (`allreduce_iterations`, also used by `dsml validate` and week 2), with a smaller budget
+    under --quick."""
+    return allreduce_iterations(nbytes, budget=QUICK_BUDGET if quick else BUDGET,
+                                most=20 if quick else 200)
 
 
 def vector(nbytes: int, rank: int) -> np.ndarray:
@@ -90,31 +95,17 @@ def expected_sum(nbytes: int, p: int) -> np.ndarray:
 # --- dsml ---------------------------------------------------------------------------------------
 
 def dsml_program(comm, sizes, quick, algorithm="ring"):
-    """Rank program: for each size, warm up, then time N all-reduces with comm.now()."""
-    import dsml.collectives as coll
-    token = np.zeros(1, dtype=np.float32)
-    times = []
-    for nbytes in sizes:
-        x = vector(nbytes, comm.rank)
-        warm, timed = iterations(nbytes, quick)
-        for _ in range(warm):
-            out = yield from coll.allreduce(comm, x, algorithm=algorithm)
-        yield from coll.allreduce(comm, token, algorithm="ring")      # a barrier
-        t0 = yield comm.now()
-        for _ in range(timed):
-            out = yield from coll.allreduce(comm, x, algorithm=algorithm)
-        t1 = yield comm.now()
-        times.append((t1 - t0) / timed)
-        if not np.array_equal(out, expected_sum(nbytes, comm.size)):
-            raise AssertionError(f"dsml {algorithm} all-reduce of {nbytes} B gave a wrong sum")
-    return times
+    """Rank program: `dsml.collectives.validate.timed_allreduce` on float32 — the measurement
+    `dsml validate` and week 2 make (warm-ups, a barrier, the timed loop, a checked sum)."""
+    return (yield from timed_allreduce(comm, sizes, algorithm, "float32",
+                                       QUICK_BUDGET if quick else BUDGET, 20 if quick else 200))
 
 
 def run_dsml(p, sizes, quick):
     import dsml
     result = dsml.run(dsml_program, p, engine="processes", args=(sizes, quick), trace=False,
                       timeout=1800)
-    return [max(per_rank[i] for per_rank in result.values) for i in range(len(sizes))]
+    return slowest_rank(result.values)
 
 
 # --- MPI ------------------------------------------------------------------------------------------
@@ -158,8 +149,7 @@ def dsml_mpi_worker(sizes, quick, algorithms):
     for algorithm in algorithms:
         result = dsml.run(dsml_program, None, engine="mpi", args=(sizes, quick, algorithm),
                           trace=False, timeout=1800)
-        times[algorithm] = [max(per_rank[i] for per_rank in result.values)
-                            for i in range(len(sizes))]
+        times[algorithm] = slowest_rank(result.values)
     if job_rank() == 0:
         print(RESULT_MARK + json.dumps(times), flush=True)
 

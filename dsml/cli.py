@@ -179,6 +179,7 @@ def validate(args) -> int:
     """`dsml validate`: every all-reduce algorithm for real against the simulator's prediction
     with a calibrated network; the table of errors."""
     from dsml.collectives import ALLREDUCE_ALGORITHMS
+    from dsml.collectives.validate import BUDGET, available_cores
     from dsml.collectives.validate import validate as run_validation
     from dsml.comm.calibrate import calibrate as measure_network
     from dsml.net.saved import load_network
@@ -202,9 +203,14 @@ def validate(args) -> int:
         network, _ = measure_network(args.engine, repeats=args.repeats)
         source = f"calibrated now on {args.engine} (ping-pong 1 B … 4 MiB, np.add)"
     print(f"# dsml validate: all-reduce on engine {args.engine}, world sizes "
-          f"{', '.join(map(str, world_sizes))}; median of {args.repeats} runs of the slowest rank")
+          f"{', '.join(map(str, world_sizes))}; each run: warm-ups, a barrier, then as many "
+          f"timed all-reduces as {format_bytes(BUDGET)} allows (5 to 200), the slowest rank's "
+          f"time; median of {args.repeats} runs, the algorithms taking turns")
     print(f"# model: {network}, {source}")
-    print("# predicted: the simulator running the same algorithm over that model; "
+    if hasattr(os, "getloadavg"):        # other programs' load makes every measured time grow
+        print(f"# load average at the start: {os.getloadavg()[0]:.1f} on {available_cores()} "
+              f"cores")
+    print("# predicted: the simulator running the same timed loop over that model; "
           "error = predicted / measured - 1 (negative: the model is optimistic)")
     print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (us)':>14} "
           f"{'predicted (us)':>15} {'error':>8}")
@@ -216,10 +222,13 @@ def validate(args) -> int:
 
     rows = run_validation(network, args.engine, algorithms, sizes, world_sizes, args.repeats,
                           report=report)
+    cores = available_cores()
     for p in world_sizes:
         errors = [abs(row.error) for row in rows if row.world_size == p]
-        print(f"# p = {p}: median |error| {100 * float(np.median(errors)):.0f}%, "
-              f"largest {100 * max(errors):.0f}%")
+        large = [abs(row.error) for row in rows if row.world_size == p and row.nbytes >= 65536]
+        print(f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): median |error| "
+              f"{100 * float(np.median(errors)):.0f}%, largest {100 * max(errors):.0f}%"
+              + (f"; at ≥ 64 KiB median {100 * float(np.median(large)):.0f}%" if large else ""))
     return 0
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from dsml import cli
 from dsml.collectives import ALLREDUCE_ALGORITHMS, cost
-from dsml.collectives.validate import predicted_allreduce, validate
+from dsml.collectives.validate import (allreduce_iterations, available_cores,
+                                       measure_allreduce, predicted_allreduce, timed_allreduce,
+                                       validate)
 from dsml.comm.calibrate import calibrate, measure, ping_pong, reduction_seconds_per_byte
 from dsml.comm.run import run
 from dsml.net.alphabeta import AlphaBeta
@@ -22,6 +24,32 @@ def test_ping_pong_on_the_simulator_is_alpha_plus_n_beta(nbytes):
     net = AlphaBeta(3e-6, 2e-10)
     values = run(ping_pong, 2, network=net, args=(nbytes, 5)).values
     assert values == [pytest.approx(3e-6 + nbytes * 2e-10, rel=1e-12)] * 2
+
+
+def test_ping_pong_takes_the_median_round_trip():
+    """One round trip during which the core was busy elsewhere (2 s → 12 s) moves the mean
+    (1.4 s one way) but not the median (0.5 s one way)."""
+    class Rank0:
+        rank = 0
+
+        def now(self):
+            return "now"
+
+        def send(self, dst, payload):
+            return "send"
+
+        def recv(self, src):
+            return "recv"
+
+    clock = iter([0.0, 1.0, 2.0, 12.0, 13.0, 14.0])
+    program = ping_pong(Rank0(), 8, 5)
+    request = next(program)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            reply = {"now": lambda: next(clock), "recv": lambda: np.zeros(8, np.uint8),
+                     "send": lambda: None}[request]()
+            request = program.send(reply)
+    assert stop.value.value == 0.5
 
 
 def test_measure_takes_the_slowest_rank_and_the_statistic():
@@ -115,6 +143,34 @@ def test_validate_runs_every_algorithm_for_real_and_predicts_each():
         assert r.error == pytest.approx(r.predicted / r.measured - 1)
 
 
+def test_the_prediction_runs_the_same_measurement_on_the_simulator():
+    """Measured on engine sim, the timed loop gives exactly the prediction, for every
+    algorithm — also the naive one, whose back-to-back runs overlap (the root starts the
+    next reduce while the broadcast is still draining), so one isolated run is slower."""
+    net = AlphaBeta(2e-5, 1e-9, 5e-10)
+    sizes = [1024, 65536]
+    measured = measure_allreduce(4, sizes, ALLREDUCE_ALGORITHMS, engine="sim", repeats=1,
+                                 network=net)
+    for algorithm in ALLREDUCE_ALGORITHMS:
+        assert measured[algorithm] == pytest.approx(
+            [predicted_allreduce(4, n, net, algorithm) for n in sizes], rel=1e-9)
+    one_naive = cost("allreduce", "naive", 4, 65536, net.alpha, net.beta, net.gamma)
+    assert measured["naive"][1] < 0.9 * one_naive
+
+
+def test_iterations_fill_the_budget_within_bounds():
+    assert allreduce_iterations(1024) == (5, 200)                 # capped at `most`
+    assert allreduce_iterations(2**20) == (5, 64)                 # 64 MiB / 1 MiB
+    assert allreduce_iterations(2**26) == (5, 5)                  # at least 5
+    assert allreduce_iterations(2**20, budget=2**21, least=1) == (2, 2)
+
+
+def test_timed_allreduce_checks_the_sum_and_reports_every_size():
+    values = run(timed_allreduce, 3, engine="threads", args=([64, 4096], "ring", "float32",
+                                                              2**16)).values
+    assert len(values) == 3 and all(len(v) == 2 and min(v) > 0 for v in values)
+
+
 def test_validate_refuses_sizes_that_are_not_whole_float64_vectors():
     with pytest.raises(ValueError, match="multiples of 8 bytes"):
         validate(AlphaBeta(1e-6, 1e-9), engine="threads", sizes=(12,), world_sizes=(2,))
@@ -162,7 +218,9 @@ def test_dsml_validate_prints_one_row_per_run(tmp_path, capsys):
     for row in rows:
         predicted = predicted_allreduce(int(row[0]), int(row[2]), load_network(path), "ring")
         assert float(row[4]) == pytest.approx(predicted * 1e6, abs=0.06)
-    assert "# p = 2: median |error|" in out and "# p = 3: median |error|" in out
+    cores = available_cores()
+    for p in (2, 3):
+        assert f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): median |error|" in out
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -234,7 +234,7 @@ def crossover_without_gamma(p, alpha, beta, gamma):
     return (2 * (p - 1) - L) * alpha / ((L - 2 * (p - 1) / p) * beta)
 
 
-# 2.6: section 17's crossover, against halving–doubling instead of the ring.
+# 2.6: section 18's crossover, against halving–doubling instead of the ring.
 def crossover_against_halving_doubling(p, alpha, beta, gamma):
     L = math.log2(p)
     return L * alpha / (L * (beta + gamma) - (p - 1) / p * (2 * beta + gamma))
@@ -279,6 +279,14 @@ def pick_mpich_threshold(p, nbytes, alpha, beta, gamma):
     return "recursive_doubling" if nbytes <= 2048 else "halving_doubling"
 
 
+# 2.8: a rule that measures nothing: the ring whenever p is not a power of two, otherwise
+# MPICH's 2 KiB threshold. It fits every long-vector case but not the short ones on p = 6, 12.
+def pick_by_power_of_two(p, nbytes, alpha, beta, gamma):
+    if p & (p - 1):
+        return "ring"
+    return "recursive_doubling" if nbytes <= 2048 else "halving_doubling"
+
+
 WRONG = {
     "2.1": [allgather_gather_then_broadcast, allgather_arrival_order,
             allgather_forwards_own_block, allgather_xor_partners, allgather_receive_first,
@@ -293,7 +301,7 @@ WRONG = {
     "2.6": [crossover_without_gamma, crossover_against_halving_doubling,
             crossover_fraction_as_one],
     "2.7": [busbw_is_algbw, busbw_allreduce_factor_everywhere, busbw_divides_by_factor],
-    "2.8": [pick_by_closed_form, pick_always_ring, pick_mpich_threshold],
+    "2.8": [pick_by_closed_form, pick_always_ring, pick_mpich_threshold, pick_by_power_of_two],
 }
 
 # The words each mistake's hint must contain: it names what went wrong, not just "wrong".
@@ -315,6 +323,7 @@ HINT_WORDS = {
     allreduce_reduce_then_broadcast: "the checker allows one more",
     folded_time_closed_form: "does not count the folding",
     pick_by_closed_form: "leave out",
+    pick_by_power_of_two: "a rule that looks only at p",
 }
 
 
@@ -468,6 +477,19 @@ def test_folding_departs_from_the_closed_form():
     assert departs >= 3
 
 
+def pick_allreduce_by_time(p, nbytes, alpha, beta, gamma):
+    from dsml.exercises.week2 import measured_allreduce_times
+    times = measured_allreduce_times(p, nbytes, alpha, beta, gamma)
+    return min(times, key=times.get)
+
+
+def test_reduce_scatter_hints_nudge_without_the_schedule():
+    # 2.3's hints may name the mistake but must not hand out the block index formula.
+    for wrong in WRONG["2.3"]:
+        message = grade("2.3", wrong).message
+        assert "r − s − 1" not in message and "(r - s - 1)" not in message, message
+
+
 def test_selector_cases_include_closed_form_mistakes_with_clear_margins():
     from dsml.exercises.week2 import SELECTOR_CASES, measured_allreduce_times
     closed_form_wrong = 0
@@ -478,6 +500,11 @@ def test_selector_cases_include_closed_form_mistakes_with_clear_margins():
         best = min(times, key=times.get)
         closed_form_wrong += best != pick_by_closed_form(p, nbytes, alpha, beta, gamma)
     assert closed_form_wrong >= 2
+    # A rule that never measures (the ring for every p not a power of two) must fail: short
+    # vectors on such p, where recursive doubling wins despite its folding steps.
+    short_not_power = [case for case in SELECTOR_CASES if case[0] & (case[0] - 1)
+                       and pick_allreduce_by_time(*case) == "recursive_doubling"]
+    assert len(short_not_power) >= 2
     # The library's own selector (all five algorithms) is fooled the same way.
     assert best_algorithm("allreduce", 6, 1 << 20, 3e-6, 1e-10, 2e-11) == "halving_doubling"
 

@@ -62,6 +62,7 @@ def cost(op: str, algorithm: str, p: int, nbytes: float, alpha: float, beta: flo
     return table[(op, algorithm)]
 
 
+# -- cell 38
 def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
                    gamma: float = 0.0) -> str:
     """The algorithm with the smallest closed-form cost (ties: the first listed), as MPI
@@ -73,7 +74,7 @@ def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
     return min(times, key=times.get)
 
 
-# -- cell 55
+# -- cell 57
 # busbw / algbw per collective (nccl-tests' doc/PERFORMANCE.md): the share of the size S that an
 # optimal algorithm pushes through each rank's port.
 BUSBW_FACTORS = {"allreduce": "2(p-1)/p", "allgather": "(p-1)/p", "reduce_scatter": "(p-1)/p",

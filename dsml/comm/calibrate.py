@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 62
+# -- cell 71
 import time
 
 import numpy as np
@@ -12,19 +12,23 @@ from dsml.net.fit import fit_alpha_beta
 
 
 def ping_pong(comm, nbytes, round_trips):
-    """Rank program for 2 ranks: the one-way time (s) of an n-byte message, timed with
-    comm.now() after one warm-up round trip (which pays the first-touch costs)."""
+    """Rank program for 2 ranks: the one-way time (s) of an n-byte message — half the median of
+    `round_trips` round trips, each timed with comm.now(), after one warm-up round trip (which
+    pays the first-touch costs). The median, because a round trip during which another program
+    ran on this core is not what a message costs."""
     message = np.zeros(nbytes, dtype=np.uint8)
+    stamps = []
     for i in range(round_trips + 1):
-        if i == 1:
-            start = yield comm.now()
+        if i:
+            stamps.append((yield comm.now()))
         if comm.rank == 0:
             yield comm.send(1, message)
             message = yield comm.recv(1)
         else:
             message = yield comm.recv(0)
             yield comm.send(0, message)
-    return ((yield comm.now()) - start) / (2 * round_trips)
+    stamps.append((yield comm.now()))
+    return float(np.median(np.diff(stamps))) / 2
 
 
 def measure(program, p, args, repeats: int = 3, engine: str = "processes", statistic=np.median,
@@ -37,6 +41,7 @@ def measure(program, p, args, repeats: int = 3, engine: str = "processes", stati
                             for _ in range(repeats)]))
 
 
+# -- cell 72
 def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
     """γ of this machine: the fastest of `repeats` in-place np.add of two float64 vectors of
     `nbytes` each — the reduction a combine stands for — per byte."""

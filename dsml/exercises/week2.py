@@ -262,9 +262,8 @@ def check_ring_reduce_scatter(ring_reduce_scatter):
                 if other is not None:
                     raise Wrong(f"{context}: rank {rank} returned block {other} of the sum, "
                                 f"expected block {rank}. Check which block a rank sends in "
-                                f"step s: if in the last step rank r adds the final "
-                                f"contribution to block r, it must send block r − s − 1 "
-                                f"(mod p) in step s.")
+                                f"step s: work backwards from the last step, in which rank r "
+                                f"must add the final contribution to block r.")
                 raise Wrong(f"{context}: rank {rank} returned shape {got.shape}, expected "
                             f"{expected.shape}: block {rank} of np.array_split(sum, p), whose "
                             f"blocks have sizes {sizes}.")
@@ -273,15 +272,14 @@ def check_ring_reduce_scatter(ring_reduce_scatter):
                           and b.size), None)
             if other is not None:
                 raise Wrong(f"{context}: rank {rank} returned block {other} of the sum, "
-                            f"expected block {rank}. In step s rank r should send its running "
-                            f"sum of block (r − s − 1) mod p, so that the last addition "
-                            f"(step p − 2) completes block r on rank r.")
+                            f"expected block {rank}. Which block does rank r receive in the "
+                            f"last step, and is it the one it must end up holding? Shift the "
+                            f"block each rank sends in step s until it is.")
             own = np.array_split(inputs[rank], p)[rank]
-            raise Wrong(f"{context}: {_explain_sum(got, expected, p, rank, own)}. Each step, "
-                        f"add the running sum that arrives from the left into your own copy "
-                        f"of that block and pass that running sum on in the next step; and "
-                        f"pick the indices so that the block rank r completes last is block "
-                        f"r: in step s send block (r − s − 1) mod p.")
+            raise Wrong(f"{context}: {_explain_sum(got, expected, p, rank, own)}. Two "
+                        f"things to check: does every step add what arrives into your own "
+                        f"copy of that block, and is that sum what you pass on next? And is "
+                        f"the block rank r completes last the block it returns?")
         ring = _reference_time(reduce_scatter, p, inputs, network, algorithm="ring")
         if result.time > ring * (1 + _TIME_RTOL):
             raise Wrong(f"{context}: the values are right, but your program took "
@@ -489,7 +487,9 @@ SELECTOR_CASES = [(8, 512, 3e-6, 1e-10, 2e-11),             # short: recursive d
                   (8, 1 << 22, 3e-6, 1e-10, 2e-11),          # long, 2^k: halving–doubling
                   (6, 1 << 20, 3e-6, 1e-10, 2e-11),          # * long, not 2^k: ring
                   (12, 3 << 18, 1e-6, 4e-11, 1e-11),         # * ring
-                  (5, 40_000, 1e-5, 1e-9, 0.0)]              # * ring
+                  (5, 40_000, 1e-5, 1e-9, 0.0),              # * ring
+                  (6, 512, 3e-6, 1e-10, 2e-11),              # short, not 2^k: recursive doubling
+                  (12, 512, 1e-6, 4e-11, 1e-11)]             # short, not 2^k: recursive doubling
 
 
 def measured_allreduce_times(p: int, nbytes: int, alpha: float, beta: float,
@@ -514,10 +514,17 @@ def check_pick_allreduce(pick_allreduce):
         best = min(times, key=times.get)
         if times[got] > times[best] * (1 + _TIME_RTOL):
             listed = ", ".join(f"{name} {t * 1e6:.4g} µs" for name, t in times.items())
-            folding = "" if p & (p - 1) == 0 else (
-                f" p = {p} is not a power of two: recursive doubling and halving–doubling "
-                f"first fold the extra ranks in and at the end send them the result, steps "
-                f"the closed forms of `cost` leave out.")
+            folding = ""
+            if p & (p - 1) and best == "ring":
+                folding = (f" p = {p} is not a power of two: recursive doubling and "
+                           f"halving–doubling first fold the extra ranks in and at the end "
+                           f"hand them their share of the result, steps the closed forms of "
+                           f"`cost` leave out.")
+            elif p & (p - 1):
+                folding = (f" p = {p} is not a power of two, yet {best!r} wins: its folding "
+                           f"steps cost extra messages too, but of a {nbytes}-byte vector — "
+                           f"could a rule that looks only at p, not at what a step costs at "
+                           f"this size, have chosen this?")
             raise Wrong(f"{what} returned {got!r}, but {best!r} is faster in the simulator "
                         f"({listed}).{folding} Time each candidate with dsml.run on "
                         f"AlphaBeta(alpha, beta, gamma) and keep the fastest, as real tuners "
