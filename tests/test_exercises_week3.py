@@ -12,7 +12,7 @@ import numpy as np
 
 import exercise_contract as contract
 from dsml.collectives import allreduce
-from dsml.data_parallel import flatten, shard_bounds, unflatten
+from dsml.data_parallel import assign_buckets, flatten, shard_bounds, unflatten
 from dsml.exercises import grade
 from dsml.train import loss_and_grads
 
@@ -274,6 +274,21 @@ def noise_global_norm_as_g_square(local_sq_norms, global_sq_norm, local_batch, g
     return trace / global_sq_norm, global_sq_norm, trace
 
 
+# 3.8: clips the estimate of |G|² at 0, since a squared norm "cannot be negative".
+def noise_clipped_at_zero(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, g_square, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                                    global_batch)
+    g_square = max(g_square, 0.0)
+    return (trace / g_square if g_square else math.inf), g_square, trace
+
+
+# 3.8: takes the absolute value of the estimate of |G|².
+def noise_absolute_value(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, g_square, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                                    global_batch)
+    return trace / abs(g_square), abs(g_square), trace
+
+
 def _ring(p, nbytes, alpha, beta):
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
@@ -327,6 +342,20 @@ def ddp_time_no_overlap(gradients, bucket_cap, p, alpha, beta, forward_seconds):
                                          for b in buckets)
 
 
+# 3.10: assign_buckets given the gradients in backward order (it wants forward order).
+def ddp_time_backward_order_buckets(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    nbytes = {n: b for n, b, _ in gradients}
+    ready, clock = {}, forward_seconds
+    for name, _, seconds in gradients:
+        clock += seconds
+        ready[name] = clock
+    end = forward_seconds
+    for bucket in assign_buckets([(n, nbytes[n]) for n, _, _ in gradients], bucket_cap):
+        end = max(max(ready[n] for n in bucket), end) + \
+            _ring_time(p, sum(nbytes[n] for n in bucket), alpha, beta)
+    return max(end, clock)
+
+
 # 3.10: buckets overlap each other: each starts when ready, ignoring the one before.
 def ddp_time_no_queue(gradients, bucket_cap, p, alpha, beta, forward_seconds):
     buckets, nbytes, ready, _, clock = _ddp_walk(gradients, bucket_cap, p, None, None)
@@ -376,15 +405,17 @@ WRONG = {
     "3.7": [lr_not_scaled, lr_warmup_from_zero, lr_warmup_as_section_7, lr_warmup_one_step_early,
             lr_warmup_one_step_late, lr_sqrt_scaling, lr_floor_ratio, lr_divides_by_zero],
     "3.8": [noise_rank0_only, noise_divides_by_global_norm, noise_swapped_batches,
-            noise_mean_of_norms_squared, noise_global_norm_as_g_square],
+            noise_mean_of_norms_squared, noise_global_norm_as_g_square, noise_clipped_at_zero,
+            noise_absolute_value],
     "3.9": [eff_without_ring_fraction, eff_inverted, eff_weak_scaling, eff_without_alpha,
             eff_speedup],
-    "3.10": [ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
+    "3.10": [ddp_time_backward_order_buckets, ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
              ddp_time_no_fraction],
 }
 
 # The words each mistake's hint must contain: it names what went wrong, not just "wrong".
 HINT_WORDS = {
+    ddp_time_backward_order_buckets: "filled in the wrong order",
     ddp_time_no_overlap: "the step without overlap",
     ddp_time_no_queue: "one at a time, in order",
     ddp_time_first_gradient: "*last* gradient",
@@ -424,6 +455,8 @@ HINT_WORDS = {
     noise_swapped_batches: "b and B are swapped",
     noise_mean_of_norms_squared: "Average the squared norms",
     noise_global_norm_as_g_square: "still holds the noise tr Σ/B",
+    noise_clipped_at_zero: "clipping it (max with 0)",
+    noise_absolute_value: "clipping it (max with 0) or taking its absolute value",
     eff_without_ring_fraction: "2(p − 1)/p · nbytes · β",
     eff_inverted: "upside down",
     eff_weak_scaling: "weak-scaling efficiency",
@@ -635,6 +668,16 @@ def test_noise_statistics_hold_for_the_reference_and_not_for_a_biased_estimator(
     assert np.all(np.abs(means - truth) < NOISE_TOLERANCE / 2 * truth)
     means, _ = noise_statistics(noise_mean_of_norms_squared)
     assert abs(means[1] - truth[1]) > 1.5 * NOISE_TOLERANCE * truth[1]
+
+
+def test_about_a_third_of_the_synthetic_estimates_of_g_square_are_negative():
+    # So that clipping at 0 or taking the absolute value shows as a bias the checker sees.
+    from dsml.exercises.week3 import NOISE_SYNTHETIC, NOISE_TOLERANCE, _noise_trials
+    means, negative, _ = _noise_trials(solution.noise_scale_from_dp)
+    assert 0.2 < negative < 0.4, negative
+    for wrong in (noise_clipped_at_zero, noise_absolute_value):
+        biased, never, _ = _noise_trials(wrong)
+        assert never == 0 and biased[0] > (1 + 2 * NOISE_TOLERANCE) * NOISE_SYNTHETIC["g_square"]
 
 
 def test_noise_statistics_catch_what_the_exact_cases_miss():
