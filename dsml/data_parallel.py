@@ -129,12 +129,13 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 44
+# -- cell 43
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
-    """McCandlish et al.'s simple noise scale tr(Σ)/|G|² at the model's current weights, from
-    the mean squared gradient norm at two batch sizes: E|G_B|² = |G|² + tr(Σ)/B. Returns
-    (noise scale, |G|², tr Σ). Batches are drawn by `rng` without replacement."""
+    """McCandlish et al.'s *simplified* noise scale B_simple = tr(Σ)/|G|² at the model's current
+    weights (their eq. 2.9, exact for the Hessian-weighted B_noise only when H ∝ I), from the
+    mean squared gradient norm at two batch sizes: E|G_B|² = |G|² + tr(Σ)/B. Returns
+    (B_simple, |G|², tr Σ). Batches are drawn by `rng` without replacement."""
     if not 1 <= small < big <= len(X):
         raise ValueError(f"need 1 ≤ small < big ≤ {len(X)} examples, got small={small}, big={big}")
 
@@ -152,7 +153,45 @@ def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, rep
     return trace / true_square, true_square, trace
 
 
-# -- cell 59
+def hessian_noise_scale(model, X, y, rng, small: int = 32, repeats: int = 16,
+                        hessian_examples: int = 2048, loss="cross_entropy"):
+    """McCandlish et al.'s B_noise = tr(HΣ)/(GᵀHG) (their eq. 2.7), with G the gradient over all
+    of X, H the Hessian of the loss over `hessian_examples` of them (Hessian-vector products by
+    central differences of gradients) and tr(HΣ) = b·E[(G_b − G)ᵀH(G_b − G)] over `repeats`
+    batches of b = `small`. Returns (B_noise, GᵀHG, tr(HΣ))."""
+    if not 1 <= small <= len(X) or repeats < 1 or hessian_examples < 1:
+        raise ValueError(f"need 1 ≤ small ≤ {len(X)}, repeats ≥ 1 and hessian_examples ≥ 1; got "
+                         f"{small}, {repeats}, {hessian_examples}")
+    subset = rng.choice(len(X), min(hessian_examples, len(X)), replace=False)
+    G = loss_and_grads(model, X, y, loss)[1]
+
+    def hessian_times(v):
+        norm = np.sqrt(sum(float(np.sum(a * a)) for a in v.values()))
+        eps = 1e-4 / norm
+        moved = {}
+        for sign in (1.0, -1.0):
+            for name in v:
+                model.params[name] += sign * eps * v[name]
+            moved[sign] = loss_and_grads(model, X[subset], y[subset], loss)[1]
+            for name in v:
+                model.params[name] -= sign * eps * v[name]
+        return {name: (moved[1.0][name] - moved[-1.0][name]) / (2 * eps) for name in v}
+
+    def dot(a, b):
+        return sum(float(np.sum(a[name] * b[name])) for name in a)
+
+    curvature = dot(G, hessian_times(G))
+    total = 0.0
+    for _ in range(repeats):
+        chosen = rng.choice(len(X), small, replace=False)
+        grads = loss_and_grads(model, X[chosen], y[chosen], loss)[1]
+        deviation = {name: grads[name] - G[name] for name in G}
+        total += dot(deviation, hessian_times(deviation))
+    trace = small * total / repeats
+    return trace / curvature, curvature, trace
+
+
+# -- cell 60
 from dsml.comm.api import SizeOnly
 
 
@@ -231,7 +270,7 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 61
+# -- cell 62
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
 
 
