@@ -1,10 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
-# names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.train.models import LOSSES
 
-
-# -- cell 23
+# -- cell 10
 import numpy as np
 
 from dsml.collectives import allreduce
@@ -99,7 +96,7 @@ def train_single(model, optimizer, X, y, batches, loss="cross_entropy"):
     return losses
 
 
-# -- cell 28
+# -- cell 15
 from dsml.collectives import broadcast
 
 
@@ -156,7 +153,7 @@ def join_sgd(comm, model, optimizer, X, y, my_batches, loss="cross_entropy"):
         step += 1
 
 
-# -- cell 32
+# -- cell 19
 def accumulated_grads(model, X, y, batch, micro_batch: int, loss="cross_entropy"):
     """(loss, gradients) of the whole `batch`, computed in micro-batches of `micro_batch`
     examples and accumulated as a size-weighted mean — equal to one pass over the batch."""
@@ -186,7 +183,7 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 47
+# -- cell 34
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
     """McCandlish et al.'s *simplified* noise scale B_simple = tr(Σ)/|G|² at the model's current
@@ -248,7 +245,7 @@ def hessian_noise_scale(model, X, y, rng, small: int = 32, repeats: int = 16,
     return trace / curvature, curvature, trace
 
 
-# -- cell 64
+# -- cell 51
 from dsml.comm.api import SizeOnly
 
 
@@ -327,7 +324,9 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 66
+# -- cell 53
+from dsml.train.models import LOSSES
+
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
 
 
