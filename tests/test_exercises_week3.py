@@ -393,6 +393,29 @@ def ddp_time_no_fraction(gradients, bucket_cap, p, alpha, beta, forward_seconds)
                       lambda n: 2 * (p - 1) * alpha + 2 * n * beta)
 
 
+# 3.11: no padding: the shards differ in length when world_size does not divide n.
+def sampler_no_padding(n, world_size, rank, epoch, seed):
+    return np.random.default_rng(seed + epoch).permutation(n)[rank::world_size]
+
+
+# 3.11: contiguous blocks of the padded permutation instead of a stride.
+def sampler_blocks(n, world_size, rank, epoch, seed):
+    share = -(-n // world_size)
+    padded = np.resize(np.random.default_rng(seed + epoch).permutation(n), share * world_size)
+    return padded[rank * share:(rank + 1) * share]
+
+
+# 3.11: the epoch forgotten: the same order every epoch.
+def sampler_ignores_epoch(n, world_size, rank, epoch, seed):
+    total = -(-n // world_size) * world_size
+    return np.resize(np.random.default_rng(seed).permutation(n), total)[rank::world_size]
+
+
+# 3.11: np.array_split of the permutation: unequal contiguous pieces.
+def sampler_array_split(n, world_size, rank, epoch, seed):
+    return np.array_split(np.random.default_rng(seed + epoch).permutation(n), world_size)[rank]
+
+
 WRONG = {
     "3.1": [linear_backward_mean_bias, linear_backward_divides_by_batch,
             linear_backward_transposed_dw, linear_backward_wrong_dx],
@@ -409,6 +432,7 @@ WRONG = {
             noise_absolute_value],
     "3.9": [eff_without_ring_fraction, eff_inverted, eff_weak_scaling, eff_without_alpha,
             eff_speedup],
+    "3.11": [sampler_no_padding, sampler_blocks, sampler_ignores_epoch, sampler_array_split],
     "3.10": [ddp_time_backward_order_buckets, ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
              ddp_time_no_fraction],
 }
@@ -416,6 +440,10 @@ WRONG = {
 # The words each mistake's hint must contain: it names what went wrong, not just "wrong".
 HINT_WORDS = {
     ddp_time_backward_order_buckets: "filled in the wrong order",
+    sampler_no_padding: "Pad the permutation",
+    sampler_blocks: "every world_size-th index",
+    sampler_ignores_epoch: "Every epoch gets the same order",
+    sampler_array_split: "np.array_split",
     ddp_time_no_overlap: "the step without overlap",
     ddp_time_no_queue: "one at a time, in order",
     ddp_time_first_gradient: "*last* gradient",
@@ -562,6 +590,13 @@ def ddp_time_with_library_cost(gradients, bucket_cap, p, alpha, beta, forward_se
     return max(t, comm_end)
 
 
+# 3.11: built with a loop over positions and the modulo of the permutation's length.
+def sampler_by_loop(n, world_size, rank, epoch, seed):
+    order = np.random.default_rng(seed + epoch).permutation(n)
+    total = -(-n // world_size) * world_size
+    return np.array([order[k % n] for k in range(rank, total, world_size)], dtype=np.int64)
+
+
 RIGHT = {
     "3.1": [linear_backward_einsum],
     "3.2": [grad_via_logsumexp],
@@ -572,6 +607,7 @@ RIGHT = {
     "3.8": [noise_by_linear_solve],
     "3.9": [eff_from_library_cost, eff_amdahl_form],
     "3.10": [ddp_time_with_library_cost],
+    "3.11": [sampler_by_loop],
 }
 
 RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
@@ -580,7 +616,7 @@ RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
 # --- the contract every week keeps -------------------------------------------------------------
 
 globals().update(contract.contract_tests(
-    3, 10, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
+    3, 11, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
     rank_programs=RANK_PROGRAMS))
 
 

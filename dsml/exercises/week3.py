@@ -11,7 +11,8 @@ estimates against `dsml.data_parallel.gradient_noise_scale` fed the very batches
 (and, for bias, against the known |G|² and tr Σ of synthetic gradients averaged over many
 steps), and strong-scaling efficiency against a data-parallel step timed on the simulator with
 a ring all-reduce; DDP's iteration time against one DDP step (`ddp_allreduce`, buckets on a
-second activity) timed on the simulator. The learning-rate schedule has no library counterpart: its checker holds
+second activity) timed on the simulator; the distributed sampler against
+`dsml.data_parallel.distributed_indices`. The learning-rate schedule has no library counterpart: its checker holds
 Goyal et al.'s formula, base_lr + (target − base_lr)·min(1, step/warmup_steps).
 
 This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
@@ -28,7 +29,8 @@ from dsml.collectives import allreduce
 from dsml.comm.api import Comm, RankError, SizeOnly
 from dsml.comm.run import run
 from dsml.data_parallel import (assign_buckets, data_parallel_sgd, ddp_allreduce,
-                                gradient_noise_scale, shard_bounds, train_single)
+                                distributed_indices, gradient_noise_scale, shard_bounds,
+                                train_single)
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
                             expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
@@ -932,3 +934,65 @@ def check_ddp_iteration_time(ddp_iteration_time):
                     f"{expected * 1e3:.6g} ms. {advice}")
     return ("matches the simulated DDP step exactly: one bucket per gradient, a few, one; "
             "links that keep up with backward and one that does not")
+
+
+# --- 3.11 ---------------------------------------------------------------------------------
+
+# (n, world_size, epoch, seed): p divides n, p does not (padding), n < p, one rank, a later epoch.
+SAMPLER_CASES = [(10, 3, 0, 5), (12, 4, 2, 1), (2, 5, 1, 0), (9, 1, 0, 3), (1000, 8, 7, 11),
+                 (23, 6, 4, 2)]
+
+
+def _sampler_variants(n, world_size, rank, epoch, seed) -> dict:
+    """What plausible mistakes give, keyed by the advice that names each."""
+    order = np.random.default_rng(seed + epoch).permutation(n)
+    total = -(-n // world_size) * world_size
+    padded = np.resize(order, total)
+    share = total // world_size
+    return {
+        "no padding": order[rank::world_size],
+        "array_split": np.array_split(order, world_size)[rank],
+        "blocks": padded[rank * share:(rank + 1) * share],
+        "no epoch": np.resize(np.random.default_rng(seed).permutation(n), total)[rank::world_size],
+        "drop": order[:(n // world_size) * world_size][rank::world_size],
+    }
+
+
+_SAMPLER_ADVICE = {
+    "no padding": "Your shards differ in length when world_size does not divide n: the ranks "
+                  "would take different numbers of steps, and the one with an extra batch "
+                  "would wait in an all-reduce nobody joins (uneven inputs). Pad the "
+                  "permutation, as DistributedSampler does — with which indices?",
+    "array_split": "You cut the permutation into contiguous pieces of unequal length (as "
+                   "np.array_split does): the shards are unequal, and DistributedSampler "
+                   "strides through the (padded) permutation instead.",
+    "blocks": "Your shards are contiguous blocks of the padded permutation; DistributedSampler "
+              "gives rank r every world_size-th index starting at r.",
+    "no epoch": "Every epoch gets the same order: the permutation must change with the epoch "
+                "(seeded by seed + epoch, as set_epoch makes DistributedSampler do).",
+    "drop": "You dropped the examples that do not fill a last round: that is drop_last=True. "
+            "By default DistributedSampler keeps every example and pads instead.",
+}
+
+
+@checker("3.11", "a distributed sampler")
+def check_sampler_indices(sampler_indices):
+    for n, world_size, epoch, seed in SAMPLER_CASES:
+        for rank in range(world_size):
+            call = (f"sampler_indices(n={n}, world_size={world_size}, rank={rank}, "
+                    f"epoch={epoch}, seed={seed})")
+            got = np.asarray(sampler_indices(n, world_size, rank, epoch, seed))
+            expected = distributed_indices(n, world_size, rank, epoch, seed)
+            if got.shape == expected.shape and np.array_equal(got, expected):
+                continue
+            matched = [_SAMPLER_ADVICE[key] for key, value in
+                       _sampler_variants(n, world_size, rank, epoch, seed).items()
+                       if value.shape == got.shape and np.array_equal(value, got)]
+            advice = " Or: ".join(matched) if matched else (
+                "Take one permutation of range(n) from np.random.default_rng(seed + epoch), the "
+                "same on every rank; make its length a multiple of world_size by repeating its "
+                "first indices; then take this rank's share of it, as the statement describes.")
+            raise Wrong(f"{call} returned {len(got)} indices, starting {got[:6].tolist()}; "
+                        f"expected {len(expected)}. {advice}")
+    return ("equal shards that cover the data every epoch, reshuffled per epoch, padded as "
+            "DistributedSampler pads")
