@@ -183,7 +183,7 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 34
+# -- cell 35
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
     """McCandlish et al.'s *simplified* noise scale B_simple = tr(Σ)/|G|² at the model's current
@@ -245,7 +245,7 @@ def hessian_noise_scale(model, X, y, rng, small: int = 32, repeats: int = 16,
     return trace / curvature, curvature, trace
 
 
-# -- cell 51
+# -- cell 53
 from dsml.comm.api import SizeOnly
 
 
@@ -324,7 +324,7 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 53
+# -- cell 55
 from dsml.train.models import LOSSES
 
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket

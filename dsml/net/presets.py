@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 38
+# -- cell 39
 from typing import NamedTuple
 
 from dsml.net.alphabeta import AlphaBeta
@@ -87,7 +87,7 @@ def network(link: str, gamma: float = 0.0) -> AlphaBeta:
     return AlphaBeta(LINKS[link].alpha, 1.0 / LINKS[link].bandwidth, gamma)
 
 
-# -- cell 39
+# -- cell 40
 import networkx as nx
 
 from dsml.net.topology import Topology
