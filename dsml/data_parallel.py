@@ -1,10 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
-# names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.train.models import LOSSES
 
-
-# -- cell 23
+# -- cell 10
 import numpy as np
 
 from dsml.collectives import allreduce
@@ -99,7 +96,64 @@ def train_single(model, optimizer, X, y, batches, loss="cross_entropy"):
     return losses
 
 
-# -- cell 28
+# -- cell 15
+from dsml.collectives import broadcast
+
+
+def broadcast_parameters(comm, model, root: int = 0):
+    """Rank program body: every rank's parameters become `root`'s, copied in place, as DDP does
+    when it wraps a model — replicas initialised with different seeds start equal."""
+    for name, w in model.params.items():
+        w[...] = yield from broadcast(comm, w, root=root)
+
+
+def distributed_indices(n: int, world_size: int, rank: int, epoch: int, seed: int = 0,
+                        shuffle: bool = True, drop_last: bool = False):
+    """This rank's example indices for one epoch, picked as PyTorch's DistributedSampler picks
+    them: one permutation of range(n), the same on every rank (seeded by seed + epoch: pass the
+    epoch, or every epoch repeats the first), padded to a multiple of world_size by repeating
+    its first indices (or cut to one, with drop_last), then every world_size-th index from rank."""
+    if not 0 <= rank < world_size or n < 1:
+        raise ValueError(f"need n ≥ 1 and 0 ≤ rank < world_size, got n={n}, rank={rank}, "
+                         f"world_size={world_size}")
+    order = np.random.default_rng(seed + epoch).permutation(n) if shuffle else np.arange(n)
+    if drop_last:
+        total = (n // world_size) * world_size
+    else:
+        total = -(-n // world_size) * world_size
+        order = np.resize(order, total)          # repeats the start: the padding
+    return order[rank:total:world_size]
+
+
+def join_sgd(comm, model, optimizer, X, y, my_batches, loss="cross_entropy"):
+    """Rank program body: data-parallel SGD when ranks hold different numbers of batches (uneven
+    inputs). Every step all-reduces [gradient sums, loss sum, example count, still-active flag];
+    a rank out of batches takes part with zeros — as ranks inside PyTorch's `Join` context
+    shadow the others' all-reduces — so no rank waits on one that has stopped. The step divides
+    by the all-reduced count (the mean over the examples present), and the loop ends when no rank
+    is active. Returns the losses of the steps this rank took part in with data."""
+    losses, step = [], 0
+    while True:
+        if step < len(my_batches):
+            mine = np.asarray(my_batches[step])
+            value, grads = loss_and_grads(model, X[mine], y[mine], loss)
+            vector, layout = flatten(grads, extra=3)
+            vector *= len(mine)
+            vector[-3:] = value * len(mine), len(mine), 1.0
+        else:                                          # joined: shadow the all-reduce
+            zeros = {n: np.zeros_like(w) for n, w in model.params.items() if n not in model.frozen}
+            vector, layout = flatten(zeros, extra=3)
+        total = yield from allreduce(comm, vector, op="sum")
+        if total[-1] == 0:                             # nobody had data: every rank stops
+            return losses
+        count = total[-2]
+        optimizer.step(model.params, unflatten(total[:-3] / count, layout))
+        if step < len(my_batches):
+            losses.append(float(total[-3] / count))
+        step += 1
+
+
+# -- cell 19
 def accumulated_grads(model, X, y, batch, micro_batch: int, loss="cross_entropy"):
     """(loss, gradients) of the whole `batch`, computed in micro-batches of `micro_batch`
     examples and accumulated as a size-weighted mean — equal to one pass over the batch."""
@@ -129,12 +183,13 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 44
+# -- cell 35
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
-    """McCandlish et al.'s simple noise scale tr(Σ)/|G|² at the model's current weights, from
-    the mean squared gradient norm at two batch sizes: E|G_B|² = |G|² + tr(Σ)/B. Returns
-    (noise scale, |G|², tr Σ). Batches are drawn by `rng` without replacement."""
+    """McCandlish et al.'s *simplified* noise scale B_simple = tr(Σ)/|G|² at the model's current
+    weights (their eq. 2.9, exact for the Hessian-weighted B_noise only when H ∝ I), from the
+    mean squared gradient norm at two batch sizes: E|G_B|² = |G|² + tr(Σ)/B. Returns
+    (B_simple, |G|², tr Σ). Batches are drawn by `rng` without replacement."""
     if not 1 <= small < big <= len(X):
         raise ValueError(f"need 1 ≤ small < big ≤ {len(X)} examples, got small={small}, big={big}")
 
@@ -152,7 +207,45 @@ def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, rep
     return trace / true_square, true_square, trace
 
 
-# -- cell 59
+def hessian_noise_scale(model, X, y, rng, small: int = 32, repeats: int = 16,
+                        hessian_examples: int = 2048, loss="cross_entropy"):
+    """McCandlish et al.'s B_noise = tr(HΣ)/(GᵀHG) (their eq. 2.7), with G the gradient over all
+    of X, H the Hessian of the loss over `hessian_examples` of them (Hessian-vector products by
+    central differences of gradients) and tr(HΣ) = b·E[(G_b − G)ᵀH(G_b − G)] over `repeats`
+    batches of b = `small`. Returns (B_noise, GᵀHG, tr(HΣ))."""
+    if not 1 <= small <= len(X) or repeats < 1 or hessian_examples < 1:
+        raise ValueError(f"need 1 ≤ small ≤ {len(X)}, repeats ≥ 1 and hessian_examples ≥ 1; got "
+                         f"{small}, {repeats}, {hessian_examples}")
+    subset = rng.choice(len(X), min(hessian_examples, len(X)), replace=False)
+    G = loss_and_grads(model, X, y, loss)[1]
+
+    def hessian_times(v):
+        norm = np.sqrt(sum(float(np.sum(a * a)) for a in v.values()))
+        eps = 1e-4 / norm
+        moved = {}
+        for sign in (1.0, -1.0):
+            for name in v:
+                model.params[name] += sign * eps * v[name]
+            moved[sign] = loss_and_grads(model, X[subset], y[subset], loss)[1]
+            for name in v:
+                model.params[name] -= sign * eps * v[name]
+        return {name: (moved[1.0][name] - moved[-1.0][name]) / (2 * eps) for name in v}
+
+    def dot(a, b):
+        return sum(float(np.sum(a[name] * b[name])) for name in a)
+
+    curvature = dot(G, hessian_times(G))
+    total = 0.0
+    for _ in range(repeats):
+        chosen = rng.choice(len(X), small, replace=False)
+        grads = loss_and_grads(model, X[chosen], y[chosen], loss)[1]
+        deviation = {name: grads[name] - G[name] for name in G}
+        total += dot(deviation, hessian_times(deviation))
+    trace = small * total / repeats
+    return trace / curvature, curvature, trace
+
+
+# -- cell 53
 from dsml.comm.api import SizeOnly
 
 
@@ -231,24 +324,31 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 61
+# -- cell 55
+from dsml.train.models import LOSSES
+
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
 
 
 def ddp_sgd(comm, model, optimizer, X, y, batches, bucket_cap: float = 25e6, overlap=True,
-            loss="cross_entropy", algorithm="ring", seconds_per_flop: float = 0.0):
+            loss="cross_entropy", algorithm="ring", seconds_per_flop: float = 0.0,
+            rebuild: bool = True):
     """Rank program body: data-parallel SGD with DDP's bucketed all-reduce (ddp_allreduce).
-    The same updates as data_parallel_sgd, to round-off (the sums group differently).
-    Returns the batch losses."""
+    The same updates as data_parallel_sgd, to round-off (the sums group differently). Buckets
+    are first assigned in reverse order of `model.params`; with `rebuild`, after the first step
+    they are assigned again in the order backward actually produced the gradients (as DDP
+    rebuilds its buckets after the first iteration). Returns the batch losses."""
     trainable = [name for name in model.params if name not in model.frozen]
-    buckets = assign_buckets([(name, model.params[name].nbytes) for name in trainable]
-                             + [(LOSS, 8)], bucket_cap)
+    nbytes = {name: model.params[name].nbytes for name in trainable} | {LOSS: 8}
+    buckets = assign_buckets([(name, nbytes[name]) for name in trainable + [LOSS]], bucket_cap)
     losses = []
     for step, batch in enumerate(batches):
         batch, mine = my_shard(comm, step, batch)
-        summed = yield from ddp_allreduce(comm, _shard_gradient_sums(model, X[mine], y[mine],
-                                                                     loss, seconds_per_flop),
-                                          buckets, overlap, algorithm)
+        produced, seen = _shard_gradient_sums(model, X[mine], y[mine], loss, seconds_per_flop), []
+        summed = yield from ddp_allreduce(comm, _noting_order(produced, seen), buckets, overlap,
+                                          algorithm)
+        if step == 0 and rebuild:            # backward's real order, walked back to front
+            buckets = assign_buckets([(name, nbytes[name]) for name in reversed(seen)], bucket_cap)
         batch_loss = float(summed.pop(LOSS)[0] / len(batch))
         grads = {name: summed[name] / len(batch) for name in trainable}
         _check_finite(step, batch_loss, grads)
@@ -257,15 +357,21 @@ def ddp_sgd(comm, model, optimizer, X, y, batches, bucket_cap: float = 25e6, ove
     return losses
 
 
+def _noting_order(produced, seen):
+    for item in produced:
+        seen.append(item[0])
+        yield item
+
+
 def _shard_gradient_sums(model, X, y, loss, seconds_per_flop):
     """(name, gradient sum over the shard, seconds) as backward produces them; the loss sum
     first. An empty shard contributes zeros."""
     n = len(X)
-    if n == 0:
+    if n == 0:                   # zeros, in backward's own order (every rank rebuilds alike)
         yield LOSS, np.zeros(1), 0.0
-        for name in reversed(list(model.params)):
-            if name not in model.frozen:
-                yield name, np.zeros_like(model.params[name]), 0.0
+        model.forward(np.zeros((0, model.sizes[0])))
+        for name, gradient in model.backward_layers(np.zeros((0, model.sizes[-1]))):
+            yield name, gradient, 0.0
         return
     value, dout = LOSSES[loss](model.forward(X), y)
     yield LOSS, np.array([value * n]), 0.0

@@ -138,3 +138,16 @@ def ddp_iteration_time(gradients, bucket_cap, p, alpha, beta, forward_seconds):
         end = max(max(ready[name] for name in bucket), end) + \
             2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
     return max(end, clock)
+
+
+def sampler_indices(n, world_size, rank, epoch, seed):
+    """Exercise 3.11: this rank's indices for one epoch, as DistributedSampler picks them.
+
+    One permutation of range(n) from np.random.default_rng(seed + epoch), the same on every
+    rank; repeated from its start up to a multiple of world_size; then every world_size-th index
+    from `rank`. Every rank gets ⌈n/world_size⌉ indices, and together they cover range(n).
+    """
+    order = np.random.default_rng(seed + epoch).permutation(n)
+    total = -(-n // world_size) * world_size
+    padded = np.concatenate([order] * (total // n + 1))[:total]
+    return padded[rank::world_size]

@@ -424,3 +424,90 @@ def test_an_empty_global_batch_is_a_value_error(p, position):
         run("sim", all_at_once, p, args=(SIZES, "sgd", X, y, batches))
     assert isinstance(info.value.__cause__, ValueError), f"caused by {info.value.__cause__!r}"
     assert "empty" in str(info.value).lower(), str(info.value)
+
+
+# --- DDP's bookkeeping: initial broadcast, distributed sampler, uneven inputs (Join) ----------
+
+from dsml.data_parallel import broadcast_parameters, distributed_indices, join_sgd  # noqa: E402
+from dsml.train import digits  # noqa: E402
+
+
+@pytest.mark.parametrize("n, world", [(1, 1), (1, 3), (10, 3), (12, 4), (7, 8), (1348, 3)])
+def test_sampler_covers_the_data_once_per_epoch_plus_padding(n, world):
+    for epoch in range(3):
+        shards = [distributed_indices(n, world, r, epoch, seed=5) for r in range(world)]
+        assert len({len(s) for s in shards}) == 1                  # equal shards: no rank waits
+        seen = np.concatenate(shards)
+        total = -(-n // world) * world
+        assert len(seen) == total and set(seen.tolist()) == set(range(n))
+        counts = np.bincount(seen, minlength=n)
+        assert counts.min() >= 1 and counts.sum() - n == total - n  # only the padding repeats
+        if n % world == 0:
+            assert np.all(counts == 1)                              # a partition
+
+
+def test_sampler_reshuffles_per_epoch_and_agrees_across_ranks():
+    a = [distributed_indices(100, 4, r, epoch=0, seed=1) for r in range(4)]
+    b = [distributed_indices(100, 4, r, epoch=1, seed=1) for r in range(4)]
+    assert not all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert np.array_equal(np.sort(np.concatenate(a)), np.arange(100))   # same permutation
+    assert np.array_equal(distributed_indices(10, 2, 1, 0, shuffle=False), [1, 3, 5, 7, 9])
+
+
+def test_sampler_drop_last_and_bad_input():
+    shards = [distributed_indices(10, 3, r, 0, drop_last=True) for r in range(3)]
+    assert [len(s) for s in shards] == [3, 3, 3] and len(set(np.concatenate(shards))) == 9
+    with pytest.raises(ValueError, match="rank=3"):
+        distributed_indices(10, 3, 3, 0)
+
+
+def _uneven_program(comm, counts, join):
+    X, y, _, _ = digits(seed=1)
+    model = MLP([64, 8, 10], seed=comm.rank)
+    optimizer = make_optimizer("momentum", 0.05)
+    yield from broadcast_parameters(comm, model)
+    mine = [distributed_indices(len(X), comm.size, comm.rank, e, seed=2)[:16]
+            for e in range(counts[comm.rank])]
+    if join:
+        yield from join_sgd(comm, model, optimizer, X, y, mine)
+    else:
+        yield from data_parallel_sgd(comm, model, optimizer, X, y, [m for m in mine])
+    return model.params
+
+
+@pytest.mark.parametrize("engine", ["sim", "threads"])
+@pytest.mark.parametrize("counts", [[3, 3], [4, 1, 2], [0, 2, 1, 2]])
+def test_join_sgd_equals_one_process_on_each_steps_union(engine, counts):
+    p = len(counts)
+    network = dsml.net.AlphaBeta(5e-6, 1e-9) if engine == "sim" else None
+    values = dsml.run(_uneven_program, p, engine=engine, network=network,
+                      args=(counts, True)).values
+    X, y, _, _ = digits(seed=1)
+    reference = MLP([64, 8, 10], seed=0)          # rank 0's weights, broadcast
+    steps = [np.concatenate([distributed_indices(len(X), p, r, e, seed=2)[:16]
+                             for r in range(p) if e < counts[r]]) for e in range(max(counts))]
+    train_single(reference, make_optimizer("momentum", 0.05), X, y, steps)
+    for params in values:
+        for name, w in reference.params.items():
+            assert np.array_equal(params[name], values[0][name])      # bit-identical ranks
+            assert np.allclose(params[name], w, rtol=1e-12, atol=1e-14)
+
+
+def test_uneven_inputs_without_join_hang():
+    # Plain data parallelism with a different number of batches per rank: the rank with more
+    # batches waits in an all-reduce its finished partners never join; the simulator says so.
+    with pytest.raises(dsml.DeadlockError, match="deadlock"):
+        dsml.run(_uneven_program, 2, network=dsml.net.AlphaBeta(5e-6, 1e-9),
+                 args=([3, 2], False))
+
+
+@pytest.mark.parametrize("engine", ["sim", "threads"])
+def test_broadcast_parameters_makes_replicas_equal(engine):
+    def program(comm):
+        model = MLP([5, 4, 3], seed=10 + comm.rank)
+        yield from broadcast_parameters(comm, model, root=1)
+        return model.params
+    network = dsml.net.AlphaBeta(5e-6, 1e-9) if engine == "sim" else None
+    values = dsml.run(program, 3, engine=engine, network=network).values
+    root = MLP([5, 4, 3], seed=11).params
+    assert all(np.array_equal(v[k], root[k]) for v in values for k in root)

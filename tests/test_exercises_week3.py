@@ -12,7 +12,7 @@ import numpy as np
 
 import exercise_contract as contract
 from dsml.collectives import allreduce
-from dsml.data_parallel import flatten, shard_bounds, unflatten
+from dsml.data_parallel import assign_buckets, flatten, shard_bounds, unflatten
 from dsml.exercises import grade
 from dsml.train import loss_and_grads
 
@@ -274,6 +274,21 @@ def noise_global_norm_as_g_square(local_sq_norms, global_sq_norm, local_batch, g
     return trace / global_sq_norm, global_sq_norm, trace
 
 
+# 3.8: clips the estimate of |G|² at 0, since a squared norm "cannot be negative".
+def noise_clipped_at_zero(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, g_square, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                                    global_batch)
+    g_square = max(g_square, 0.0)
+    return (trace / g_square if g_square else math.inf), g_square, trace
+
+
+# 3.8: takes the absolute value of the estimate of |G|².
+def noise_absolute_value(local_sq_norms, global_sq_norm, local_batch, global_batch):
+    _, g_square, trace = _estimates(np.mean(local_sq_norms), global_sq_norm, local_batch,
+                                    global_batch)
+    return trace / abs(g_square), abs(g_square), trace
+
+
 def _ring(p, nbytes, alpha, beta):
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
 
@@ -327,6 +342,20 @@ def ddp_time_no_overlap(gradients, bucket_cap, p, alpha, beta, forward_seconds):
                                          for b in buckets)
 
 
+# 3.10: assign_buckets given the gradients in backward order (it wants forward order).
+def ddp_time_backward_order_buckets(gradients, bucket_cap, p, alpha, beta, forward_seconds):
+    nbytes = {n: b for n, b, _ in gradients}
+    ready, clock = {}, forward_seconds
+    for name, _, seconds in gradients:
+        clock += seconds
+        ready[name] = clock
+    end = forward_seconds
+    for bucket in assign_buckets([(n, nbytes[n]) for n, _, _ in gradients], bucket_cap):
+        end = max(max(ready[n] for n in bucket), end) + \
+            _ring_time(p, sum(nbytes[n] for n in bucket), alpha, beta)
+    return max(end, clock)
+
+
 # 3.10: buckets overlap each other: each starts when ready, ignoring the one before.
 def ddp_time_no_queue(gradients, bucket_cap, p, alpha, beta, forward_seconds):
     buckets, nbytes, ready, _, clock = _ddp_walk(gradients, bucket_cap, p, None, None)
@@ -364,6 +393,29 @@ def ddp_time_no_fraction(gradients, bucket_cap, p, alpha, beta, forward_seconds)
                       lambda n: 2 * (p - 1) * alpha + 2 * n * beta)
 
 
+# 3.11: no padding: the shards differ in length when world_size does not divide n.
+def sampler_no_padding(n, world_size, rank, epoch, seed):
+    return np.random.default_rng(seed + epoch).permutation(n)[rank::world_size]
+
+
+# 3.11: contiguous blocks of the padded permutation instead of a stride.
+def sampler_blocks(n, world_size, rank, epoch, seed):
+    share = -(-n // world_size)
+    padded = np.resize(np.random.default_rng(seed + epoch).permutation(n), share * world_size)
+    return padded[rank * share:(rank + 1) * share]
+
+
+# 3.11: the epoch forgotten: the same order every epoch.
+def sampler_ignores_epoch(n, world_size, rank, epoch, seed):
+    total = -(-n // world_size) * world_size
+    return np.resize(np.random.default_rng(seed).permutation(n), total)[rank::world_size]
+
+
+# 3.11: np.array_split of the permutation: unequal contiguous pieces.
+def sampler_array_split(n, world_size, rank, epoch, seed):
+    return np.array_split(np.random.default_rng(seed + epoch).permutation(n), world_size)[rank]
+
+
 WRONG = {
     "3.1": [linear_backward_mean_bias, linear_backward_divides_by_batch,
             linear_backward_transposed_dw, linear_backward_wrong_dx],
@@ -376,15 +428,22 @@ WRONG = {
     "3.7": [lr_not_scaled, lr_warmup_from_zero, lr_warmup_as_section_7, lr_warmup_one_step_early,
             lr_warmup_one_step_late, lr_sqrt_scaling, lr_floor_ratio, lr_divides_by_zero],
     "3.8": [noise_rank0_only, noise_divides_by_global_norm, noise_swapped_batches,
-            noise_mean_of_norms_squared, noise_global_norm_as_g_square],
+            noise_mean_of_norms_squared, noise_global_norm_as_g_square, noise_clipped_at_zero,
+            noise_absolute_value],
     "3.9": [eff_without_ring_fraction, eff_inverted, eff_weak_scaling, eff_without_alpha,
             eff_speedup],
-    "3.10": [ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
+    "3.11": [sampler_no_padding, sampler_blocks, sampler_ignores_epoch, sampler_array_split],
+    "3.10": [ddp_time_backward_order_buckets, ddp_time_no_overlap, ddp_time_no_queue, ddp_time_first_gradient, ddp_time_no_alpha,
              ddp_time_no_fraction],
 }
 
 # The words each mistake's hint must contain: it names what went wrong, not just "wrong".
 HINT_WORDS = {
+    ddp_time_backward_order_buckets: "filled in the wrong order",
+    sampler_no_padding: "Pad the permutation",
+    sampler_blocks: "every world_size-th index",
+    sampler_ignores_epoch: "Every epoch gets the same order",
+    sampler_array_split: "np.array_split",
     ddp_time_no_overlap: "the step without overlap",
     ddp_time_no_queue: "one at a time, in order",
     ddp_time_first_gradient: "*last* gradient",
@@ -424,6 +483,8 @@ HINT_WORDS = {
     noise_swapped_batches: "b and B are swapped",
     noise_mean_of_norms_squared: "Average the squared norms",
     noise_global_norm_as_g_square: "still holds the noise tr Σ/B",
+    noise_clipped_at_zero: "clipping it (max with 0)",
+    noise_absolute_value: "clipping it (max with 0) or taking its absolute value",
     eff_without_ring_fraction: "2(p − 1)/p · nbytes · β",
     eff_inverted: "upside down",
     eff_weak_scaling: "weak-scaling efficiency",
@@ -529,6 +590,13 @@ def ddp_time_with_library_cost(gradients, bucket_cap, p, alpha, beta, forward_se
     return max(t, comm_end)
 
 
+# 3.11: built with a loop over positions and the modulo of the permutation's length.
+def sampler_by_loop(n, world_size, rank, epoch, seed):
+    order = np.random.default_rng(seed + epoch).permutation(n)
+    total = -(-n // world_size) * world_size
+    return np.array([order[k % n] for k in range(rank, total, world_size)], dtype=np.int64)
+
+
 RIGHT = {
     "3.1": [linear_backward_einsum],
     "3.2": [grad_via_logsumexp],
@@ -539,6 +607,7 @@ RIGHT = {
     "3.8": [noise_by_linear_solve],
     "3.9": [eff_from_library_cost, eff_amdahl_form],
     "3.10": [ddp_time_with_library_cost],
+    "3.11": [sampler_by_loop],
 }
 
 RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
@@ -547,7 +616,7 @@ RANK_PROGRAMS = ["3.6"]   # the exercises whose answer is a rank program
 # --- the contract every week keeps -------------------------------------------------------------
 
 globals().update(contract.contract_tests(
-    3, 10, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
+    3, 11, solution, WRONG, not_attempted_id="3.4", right=RIGHT, hint_words=HINT_WORDS,
     rank_programs=RANK_PROGRAMS))
 
 
@@ -635,6 +704,16 @@ def test_noise_statistics_hold_for_the_reference_and_not_for_a_biased_estimator(
     assert np.all(np.abs(means - truth) < NOISE_TOLERANCE / 2 * truth)
     means, _ = noise_statistics(noise_mean_of_norms_squared)
     assert abs(means[1] - truth[1]) > 1.5 * NOISE_TOLERANCE * truth[1]
+
+
+def test_about_a_third_of_the_synthetic_estimates_of_g_square_are_negative():
+    # So that clipping at 0 or taking the absolute value shows as a bias the checker sees.
+    from dsml.exercises.week3 import NOISE_SYNTHETIC, NOISE_TOLERANCE, _noise_trials
+    means, negative, _ = _noise_trials(solution.noise_scale_from_dp)
+    assert 0.2 < negative < 0.4, negative
+    for wrong in (noise_clipped_at_zero, noise_absolute_value):
+        biased, never, _ = _noise_trials(wrong)
+        assert never == 0 and biased[0] > (1 + 2 * NOISE_TOLERANCE) * NOISE_SYNTHETIC["g_square"]
 
 
 def test_noise_statistics_catch_what_the_exact_cases_miss():

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 54
+# -- cell 48
 import types
 
 from dsml.comm.api import ADDED_REQUESTS, Comm, Request
@@ -78,7 +78,7 @@ def join(self, activity) -> Join:
     return Join(activity)
 
 
-# -- cell 55
+# -- cell 49
 def run_activity(program, handle: Activity, main_returned):
     """Drive `program` as an activity of a rank; when it returns, hand its value to whoever
     waits in join. `main_returned()` says whether the rank's program has already returned —

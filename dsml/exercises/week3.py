@@ -11,7 +11,8 @@ estimates against `dsml.data_parallel.gradient_noise_scale` fed the very batches
 (and, for bias, against the known |G|² and tr Σ of synthetic gradients averaged over many
 steps), and strong-scaling efficiency against a data-parallel step timed on the simulator with
 a ring all-reduce; DDP's iteration time against one DDP step (`ddp_allreduce`, buckets on a
-second activity) timed on the simulator. The learning-rate schedule has no library counterpart: its checker holds
+second activity) timed on the simulator; the distributed sampler against
+`dsml.data_parallel.distributed_indices`. The learning-rate schedule has no library counterpart: its checker holds
 Goyal et al.'s formula, base_lr + (target − base_lr)·min(1, step/warmup_steps).
 
 This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
@@ -28,7 +29,8 @@ from dsml.collectives import allreduce
 from dsml.comm.api import Comm, RankError, SizeOnly
 from dsml.comm.run import run
 from dsml.data_parallel import (assign_buckets, data_parallel_sgd, ddp_allreduce,
-                                gradient_noise_scale, shard_bounds, train_single)
+                                distributed_indices, gradient_noise_scale, shard_bounds,
+                                train_single)
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
                             expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
@@ -164,11 +166,13 @@ def check_softmax_cross_entropy_grad(softmax_cross_entropy_grad):
                         f"over the batch, so divide by B = {batch}.")
         if _close(got, expected + onehot / batch) or _close(got, expected * batch + onehot):
             raise Wrong(f"{call} returned the softmax probabilities without subtracting the "
-                        f"one-hot labels: dL/dlogits = (softmax(logits) − onehot(y)) / B. The "
-                        f"−1 at the label is what pushes the right class up.")
-        raise Wrong(f"{call}: the gradient is off by up to {np.max(np.abs(got - expected)):.3g}; "
-                    f"expected (softmax(logits) − onehot(y)) / B, row 0 = "
-                    f"{np.round(expected[0], 4).tolist()}, got {np.round(got[0], 4).tolist()}.")
+                        f"one-hot labels: the label's own logit gets an extra term from "
+                        f"−log softmax(z)_y, and it is what pushes the right class up.")
+        worst = int(np.argmax(np.max(np.abs(got - expected), axis=1)))
+        raise Wrong(f"{call}: the gradient is off by up to {np.max(np.abs(got - expected)):.3g}, "
+                    f"most in row {worst}. Differentiate one row's −log softmax(z)_y by each "
+                    f"logit: what does the label's entry get that the others do not, and what "
+                    f"does taking the mean over the batch add?")
     return "(softmax − onehot)/B, and finite for logits in the hundreds"
 
 
@@ -574,11 +578,14 @@ def check_scaled_lr(scaled_lr):
 NOISE_CASES = [(2, 6), (3, 4), (4, 5), (8, 3)]
 _NOISE_NAMES = ("b_noise", "g_square", "trace_sigma")
 # The statistical check: NOISE_TRIALS synthetic steps on p ranks of b examples each, with
-# per-example gradients G + noise in d dimensions, |G|² = 1 and tr Σ = 8 (noise scale 8). The
-# mean estimate must be within NOISE_TOLERANCE (relative) of the truth; the reference's standard
-# errors are about 1% (|G|²) and 0.5% (tr Σ) at this number of trials.
-NOISE_TRIALS, NOISE_TOLERANCE = 4000, 0.05
-NOISE_SYNTHETIC = dict(p=4, b=4, d=8, g_square=1.0, trace_sigma=8.0)
+# per-example gradients G + noise in d dimensions, |G|² = 0.25 and tr Σ = 8 (noise scale 32):
+# noisy enough that about 30% of the single-step estimates of |G|² are negative, so clipping
+# them at 0 or taking their absolute value shows as a bias (+25% and +50% on average). The mean
+# estimate must be within NOISE_TOLERANCE (relative) of the truth; the reference's standard
+# errors, from its known variance at this number of trials, are about 1.2% (|G|²) and 0.3%
+# (tr Σ), so the tolerance is about four of them.
+NOISE_TRIALS, NOISE_TOLERANCE = 20000, 0.05
+NOISE_SYNTHETIC = dict(p=4, b=4, d=8, g_square=0.25, trace_sigma=8.0)
 
 
 class _GivenBatches:
@@ -646,9 +653,9 @@ def _noise_advice(got, local, global_, b, B) -> str | None:
                 "|G_b|² is the mean of all p local values — p measurements for free, and a "
                 "less noisy estimate.")
     if matches((right[2] / global_, right[1], right[2])):
-        return ("|G|² and tr Σ are right, but b_noise = tr Σ / |G_B|²: the global batch's "
-                "squared norm still holds the noise tr Σ/B, so it overestimates |G|². Divide by "
-                "the unbiased |G|² estimate instead.")
+        return ("|G|² and tr Σ are right, but your b_noise divides by |G_B|²: the global "
+                "batch's squared norm still holds the noise tr Σ/B, so it overestimates |G|². "
+                "Divide by the unbiased |G|² estimate instead.")
     if matches(_noise_estimates(g_small, global_, B, b)) or _near(got[2], -right[2]):
         return ("Your tr Σ has the wrong sign: b and B are swapped. The small batch b (one "
                 "rank's) goes with |G_b|², the mean of the local values; a small batch is the "
@@ -656,7 +663,7 @@ def _noise_advice(got, local, global_, b, B) -> str | None:
     if _near(got[1], global_) and not _near(right[1], global_):
         return ("Your |G|² is |G_B|², the global batch's squared norm, which still holds the "
                 "noise tr Σ/B on average. The unbiased estimate combines both batch sizes so "
-                "that the noise cancels: |G|² = (B·|G_B|² − b·|G_b|²)/(B − b).")
+                "that the noise terms cancel.")
     if matches(_noise_estimates(float(np.mean(np.sqrt(local))) ** 2, global_, b, B)):
         return ("You averaged the norms (square roots) and squared the mean: that is smaller "
                 "than the mean of the squared norms, and biased. Average the squared norms "
@@ -672,6 +679,12 @@ def _call_noise(noise_scale_from_dp, local, global_, b, B, call) -> tuple:
 def noise_statistics(noise_scale_from_dp) -> tuple:
     """The mean over NOISE_TRIALS synthetic data-parallel steps of the answer's |G|² and tr Σ,
     and the call shown in hints."""
+    means, _, call = _noise_trials(noise_scale_from_dp)
+    return means, call
+
+
+def _noise_trials(noise_scale_from_dp) -> tuple:
+    """(mean |G|² and tr Σ, share of the steps whose |G|² came out negative, call)."""
     p, b, d = NOISE_SYNTHETIC["p"], NOISE_SYNTHETIC["b"], NOISE_SYNTHETIC["d"]
     rng = np.random.default_rng(3108)
     G = np.full(d, math.sqrt(NOISE_SYNTHETIC["g_square"] / d))
@@ -682,12 +695,13 @@ def noise_statistics(noise_scale_from_dp) -> tuple:
     local_sq = np.sum(local_means ** 2, axis=2)
     global_sq = np.sum(local_means.mean(axis=1) ** 2, axis=1)  # the all-reduced mean
     call = f"noise_scale_from_dp(…, local_batch={b}, global_batch={p * b}) on p = {p} ranks"
-    total = np.zeros(2)
+    total, negative = np.zeros(2), 0
     for trial in range(NOISE_TRIALS):
         got = _call_noise(noise_scale_from_dp, local_sq[trial].tolist(),
                           float(global_sq[trial]), b, p * b, call)
         total += got[1:]
-    return total / NOISE_TRIALS, call
+        negative += got[1] < 0
+    return total / NOISE_TRIALS, negative / NOISE_TRIALS, call
 
 
 @checker("3.8", "the gradient noise scale from a data-parallel step")
@@ -704,17 +718,26 @@ def check_noise_scale_from_dp(noise_scale_from_dp):
         advice = _noise_advice(got, local, global_, b, B)
         if advice is None:
             if not _near(got[2], truth[2]):
-                advice = ("Check tr Σ = (|G_b|² − |G_B|²)/(1/b − 1/B), with |G_b|² the mean of "
-                          "the p local values and |G_B|² the global one.")
+                advice = ("Check tr Σ: subtract the two equations E|G_n|² = |G|² + tr Σ/n "
+                          "(n = b with the mean of the p local values, n = B with the global "
+                          "one), so that |G|² drops out.")
             elif not _near(got[1], truth[1]):
-                advice = ("Check |G|² = (B·|G_B|² − b·|G_b|²)/(B − b): the combination in which "
-                          "the noise terms tr Σ/b and tr Σ/B cancel.")
+                advice = ("Check |G|²: combine the two equations so that the noise terms "
+                          "tr Σ/b and tr Σ/B cancel.")
             else:
                 advice = ("|G|² and tr Σ are right: b_noise is their ratio, tr Σ / |G|².")
         raise Wrong(f"{call} returned ({shown}), expected ({expected}) as "
                     f"gradient_noise_scale computes from the same batches. {advice}")
-    (mean_square, mean_trace), call = noise_statistics(noise_scale_from_dp)
+    (mean_square, mean_trace), negative, call = _noise_trials(noise_scale_from_dp)
     true_square, true_trace = NOISE_SYNTHETIC["g_square"], NOISE_SYNTHETIC["trace_sigma"]
+    if abs(mean_square - true_square) > NOISE_TOLERANCE * true_square and negative == 0 \
+            and abs(mean_trace - true_trace) <= NOISE_TOLERANCE * true_trace:
+        raise Wrong(f"{call}: over {NOISE_TRIALS:,} synthetic steps with known |G|² = "
+                    f"{true_square:g} your |G|² was never negative and averages "
+                    f"{mean_square:.4g}, {abs(mean_square - true_square) / true_square:.0%} off. "
+                    f"On a noisy step the unbiased estimate of |G|² can come out below zero; "
+                    f"clipping it (max with 0) or taking its absolute value pushes every such "
+                    f"step up, and the average with it. Return the estimate as it comes.")
     for name, mean, true in (("tr Σ", mean_trace, true_trace), ("|G|²", mean_square, true_square)):
         if abs(mean - true) > NOISE_TOLERANCE * true:
             raise Wrong(f"{call}: over {NOISE_TRIALS:,} synthetic steps with known |G|² = "
@@ -787,8 +810,10 @@ def check_strong_efficiency(strong_efficiency):
             continue
         advice = _strong_advice(got, p, t_compute, nbytes, alpha, beta, t1, tp)
         if advice is None:
-            advice = ("Expected T_1/(p·T_p) with T_1 = t_compute and T_p = t_compute/p + "
-                      "2(p − 1)α + 2(p − 1)/p · nbytes · β (no all-reduce on one rank).")
+            advice = ("Build T_p from its parts: each rank's share of the computation, then "
+                      "week 2's ring all-reduce of the gradient on p ranks — a latency for each "
+                      "of its steps and the bytes each rank sends (on one rank there is "
+                      "nothing to reduce). Then compare with T_1 shared among p ranks.")
         raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g} (simulated: T_1 = "
                     f"{t1:.6g} s, T_{p} = {tp:.6g} s). {advice}")
     return ("T_1/(p·T_p) matches the simulated ring all-reduce step, latency- and "
@@ -843,15 +868,19 @@ def _ddp_variants(gradients, bucket_cap, p, alpha, beta, forward) -> dict:
         return (2 * (p - 1) * alpha if with_alpha else 0.0) + \
             2 * ((p - 1) / p if fraction else 1.0) * n * beta
 
-    def queue(start_of, cost_of):
+    def queue(start_of, cost_of, order=buckets):
         end = forward
-        for bucket in buckets:
+        for bucket in order:
             end = max(start_of(bucket), end) + cost_of(sum(nbytes[n] for n in bucket))
         return max(end, clock)
 
     def latest(bucket):
         return max(ready[n] for n in bucket)
+    # assign_buckets given the gradients in backward order (it expects forward order and
+    # reverses it itself): the first bucket then holds what backward produces last.
+    backward_order = assign_buckets([(n, b) for n, b, _ in gradients], bucket_cap)
     return {
+        "backward order": queue(latest, ring, order=backward_order),
         "no overlap": clock + sum(ring(sum(nbytes[n] for n in b)) for b in buckets),
         "no queue": max([clock] + [latest(b) + ring(sum(nbytes[n] for n in b)) for b in buckets]),
         "first gradient": queue(lambda b: min(first[n] for n in b), ring),
@@ -861,12 +890,15 @@ def _ddp_variants(gradients, bucket_cap, p, alpha, beta, forward) -> dict:
 
 
 _DDP_ADVICE = {
+    "backward order": "Your buckets look filled in the wrong order: assign_buckets takes "
+                      "(name, nbytes) in *forward* order and walks it backwards itself. Given the "
+                      "gradients in backward order, its first bucket holds what backward produces "
+                      "last, so no bucket is complete until backward is nearly over.",
     "no overlap": "That is the step without overlap: backward, then every bucket. A bucket's "
-                  "all-reduce starts as soon as its last gradient is produced (and the bucket "
-                  "before it is done), while backward goes on.",
+                  "all-reduce can start while backward goes on — when is it complete?",
     "no queue": "Each bucket's all-reduce started the moment it was ready, even while the one "
                 "before it was still running. Buckets go one at a time, in order (one stream): "
-                "a bucket starts at max(its last gradient's time, the end of the bucket before).",
+                "a bucket waits for its last gradient *and* for the bucket before it.",
     "first gradient": "A bucket was started when its first gradient was being computed. It "
                       "can start only when its *last* gradient is out of backward.",
     "no alpha": "The latency term is missing: a ring all-reduce pays 2(p − 1)α per bucket — "
@@ -886,14 +918,81 @@ def check_ddp_iteration_time(ddp_iteration_time):
         got = as_float(ddp_iteration_time(list(gradients), cap, p, alpha, beta, forward), call)
         if math.isclose(got, expected, rel_tol=_TIME_RTOL):
             continue
-        advice = next((_DDP_ADVICE[key] for key, value in
-                       _ddp_variants(gradients, cap, p, alpha, beta, forward).items()
-                       if math.isclose(got, value, rel_tol=_TIME_RTOL)),
-                      "Walk the buckets in order: bucket k starts at max(when its last "
-                      "gradient is produced, when bucket k − 1 ends) and takes 2(p − 1)α + "
-                      "2(p − 1)/p · n_k · β; the step ends when both backward and the last "
-                      "bucket are done.")
+        matched = [_DDP_ADVICE[key] for key, value in
+                   _ddp_variants(gradients, cap, p, alpha, beta, forward).items()
+                   if math.isclose(got, value, rel_tol=_TIME_RTOL)]
+        if len(matched) > 1:              # several mistakes give this number: say so
+            advice = "Two mistakes give this number. Either: " + " Or: ".join(matched)
+        elif matched:
+            advice = matched[0]
+        else:
+            advice = ("Walk the buckets in order and ask of each: when is its last gradient "
+                      "out, when is the bucket before it done, and what does week 2's ring "
+                      "all-reduce of its bytes cost? The step ends when both backward and the "
+                      "last bucket are done.")
         raise Wrong(f"{call} returned {got * 1e3:.6g} ms; the simulator takes "
                     f"{expected * 1e3:.6g} ms. {advice}")
     return ("matches the simulated DDP step exactly: one bucket per gradient, a few, one; "
             "links that keep up with backward and one that does not")
+
+
+# --- 3.11 ---------------------------------------------------------------------------------
+
+# (n, world_size, epoch, seed): p divides n, p does not (padding), n < p, one rank, a later epoch.
+SAMPLER_CASES = [(10, 3, 0, 5), (12, 4, 2, 1), (2, 5, 1, 0), (9, 1, 0, 3), (1000, 8, 7, 11),
+                 (23, 6, 4, 2)]
+
+
+def _sampler_variants(n, world_size, rank, epoch, seed) -> dict:
+    """What plausible mistakes give, keyed by the advice that names each."""
+    order = np.random.default_rng(seed + epoch).permutation(n)
+    total = -(-n // world_size) * world_size
+    padded = np.resize(order, total)
+    share = total // world_size
+    return {
+        "no padding": order[rank::world_size],
+        "array_split": np.array_split(order, world_size)[rank],
+        "blocks": padded[rank * share:(rank + 1) * share],
+        "no epoch": np.resize(np.random.default_rng(seed).permutation(n), total)[rank::world_size],
+        "drop": order[:(n // world_size) * world_size][rank::world_size],
+    }
+
+
+_SAMPLER_ADVICE = {
+    "no padding": "Your shards differ in length when world_size does not divide n: the ranks "
+                  "would take different numbers of steps, and the one with an extra batch "
+                  "would wait in an all-reduce nobody joins (uneven inputs). Pad the "
+                  "permutation, as DistributedSampler does — with which indices?",
+    "array_split": "You cut the permutation into contiguous pieces of unequal length (as "
+                   "np.array_split does): the shards are unequal, and DistributedSampler "
+                   "strides through the (padded) permutation instead.",
+    "blocks": "Your shards are contiguous blocks of the padded permutation; DistributedSampler "
+              "gives rank r every world_size-th index starting at r.",
+    "no epoch": "Every epoch gets the same order: the permutation must change with the epoch "
+                "(seeded by seed + epoch, as set_epoch makes DistributedSampler do).",
+    "drop": "You dropped the examples that do not fill a last round: that is drop_last=True. "
+            "By default DistributedSampler keeps every example and pads instead.",
+}
+
+
+@checker("3.11", "a distributed sampler")
+def check_sampler_indices(sampler_indices):
+    for n, world_size, epoch, seed in SAMPLER_CASES:
+        for rank in range(world_size):
+            call = (f"sampler_indices(n={n}, world_size={world_size}, rank={rank}, "
+                    f"epoch={epoch}, seed={seed})")
+            got = np.asarray(sampler_indices(n, world_size, rank, epoch, seed))
+            expected = distributed_indices(n, world_size, rank, epoch, seed)
+            if got.shape == expected.shape and np.array_equal(got, expected):
+                continue
+            matched = [_SAMPLER_ADVICE[key] for key, value in
+                       _sampler_variants(n, world_size, rank, epoch, seed).items()
+                       if value.shape == got.shape and np.array_equal(value, got)]
+            advice = " Or: ".join(matched) if matched else (
+                "Take one permutation of range(n) from np.random.default_rng(seed + epoch), the "
+                "same on every rank; make its length a multiple of world_size by repeating its "
+                "first indices; then take this rank's share of it, as the statement describes.")
+            raise Wrong(f"{call} returned {len(got)} indices, starting {got[:6].tolist()}; "
+                        f"expected {len(expected)}. {advice}")
+    return ("equal shards that cover the data every epoch, reshuffled per epoch, padded as "
+            "DistributedSampler pads")

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 48
+# -- cell 39
 from typing import NamedTuple
 
 from dsml.net.alphabeta import AlphaBeta
@@ -85,3 +85,60 @@ def network(link: str, gamma: float = 0.0) -> AlphaBeta:
     if link not in LINKS:
         raise ValueError(f"unknown link {link!r}; choose one of {', '.join(LINKS)}")
     return AlphaBeta(LINKS[link].alpha, 1.0 / LINKS[link].bandwidth, gamma)
+
+
+# -- cell 40
+import networkx as nx
+
+from dsml.net.topology import Topology
+
+NCCL_TUNING = ("NCCL's cost model, src/graph/tuning.cc (hwLat, Ring row, Simple protocol — the one "
+               "that reaches full bandwidth; NVIDIA/nccl commit 01afd20)")
+# Both latencies from one source: NCCL's own per-step ring latencies, for the same algorithm and
+# protocol. (The older "nvlink3" and "ib_hdr" above take α from two different kinds of source.)
+LINKS.update({
+    "nvlink3_nccl": Link("NVLink 3 inside a DGX A100 (per GPU, one direction)", 300e9, 3.4e-6,
+                         "NVIDIA A100 datasheet (2020): 600 GB/s per GPU, both directions "
+                         f"together; α: 3.4 µs per ring step over NVLink in {NCCL_TUNING}, "
+                         "assumed to be the α of one message"),
+    "ib_hdr_nccl": Link("InfiniBand HDR between nodes (one 200 Gb/s port per GPU)", 25e9, 9.6e-6,
+                        "NVIDIA DGX A100 user guide: eight single-port ConnectX-6 HDR (200 Gb/s) "
+                        f"adapters for the compute fabric; α: 9.6 µs per ring step over the network "
+                        f"in {NCCL_TUNING}, assumed to be the α of one message"),
+})
+
+
+def dgx_cluster(nodes: int, gpus_per_node: int = 8, intra: str = "nvlink3_nccl",
+                inter: str = "ib_hdr_nccl", gamma: float = 0.0) -> Topology:
+    """A two-level cluster like DGX A100 nodes: inside a node every pair of GPUs is joined
+    directly by an `intra` link (NVSwitch gives each pair full NVLink bandwidth); between nodes
+    GPU g of every node is joined to GPU g of every other node by an `inter` link (one network
+    port per GPU, "rail-optimised" as in NVIDIA's DGX SuperPOD design, switches modelled as
+    direct links). Ranks are numbered in a snake order (node 0's GPUs 0…7, node 1's 7…0, …) so
+    that a ring crosses between nodes on a single rail link, as NCCL's rings do (with an even
+    number of nodes; with an odd number the ring's closing step takes two hops)."""
+    for name in (intra, inter):
+        if name not in LINKS:
+            raise ValueError(f"unknown link {name!r}; choose one of {', '.join(LINKS)}")
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"need nodes ≥ 1 and gpus_per_node ≥ 1, got {nodes}, {gpus_per_node}")
+    near, far = LINKS[intra], LINKS[inter]
+    graph = nx.Graph()
+    graph.add_nodes_from((n, g) for n in range(nodes) for g in range(gpus_per_node))
+    for n in range(nodes):
+        for a in range(gpus_per_node):
+            for b in range(a + 1, gpus_per_node):
+                graph.add_edge((n, a), (n, b), latency=near.alpha, bandwidth=near.bandwidth)
+    for g in range(gpus_per_node):
+        for n in range(nodes):
+            for m in range(n + 1, nodes):
+                graph.add_edge((n, g), (m, g), latency=far.alpha, bandwidth=far.bandwidth)
+    hosts = [(n, g if n % 2 == 0 else gpus_per_node - 1 - g)
+             for n in range(nodes) for g in range(gpus_per_node)]
+    return Topology(graph, hosts, name=f"dgx_cluster({nodes}×{gpus_per_node})", gamma=gamma)
+
+
+def cluster_for(p: int, gpus_per_node: int = 8, **links) -> Topology:
+    """The smallest dgx_cluster with at least p GPUs (one node when p ≤ gpus_per_node)."""
+    nodes = -(-p // gpus_per_node)
+    return dgx_cluster(nodes, min(p, gpus_per_node), **links)
