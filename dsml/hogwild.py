@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-# -- cell 29
+# -- cell 35
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,7 +72,7 @@ def problem_loss(problem: SparseProblem, w: np.ndarray) -> float:
     return 0.5 * float(np.mean(residual * residual))
 
 
-# -- cell 33
+# -- cell 39
 def sparse_sgd_step(state: np.ndarray, problem: SparseProblem, i: int, lr: float) -> None:
     """One SGD step on example i that reads and writes only its coordinates e = problem.idx[i].
 
@@ -107,7 +107,7 @@ def serial_sgd(problem: SparseProblem, steps: int, lr: float, seed: int = 0) -> 
     return state
 
 
-# -- cell 39
+# -- cell 45
 import time
 from typing import Callable
 

@@ -230,17 +230,79 @@ def params_at(server_logs, t: float) -> np.ndarray:
 from dsml.comm.api import SizeOnly
 
 
-def ps_exchange(comm, servers, nbytes):
+def push_order(worker: int, servers: int, staggered: bool) -> list:
+    """The servers a worker pushes to, in order. Naive: 0, 1, …, S − 1 for every worker, so all
+    of them queue at server 0 first. Staggered: worker w starts at server w mod S and goes round,
+    so that while S = W each server hears from one worker at a time."""
+    first = worker % servers if staggered else 0
+    return [(first + i) % servers for i in range(servers)]
+
+
+def ps_exchange(comm, servers, nbytes, staggered=False, colocated=False):
     """One step's communication of a parameter server: every worker pushes each server its
-    share of n bytes and gets as much back, answered as each push arrives."""
+    share of n bytes (key_ranges) and gets as much back. Dedicated (default): ranks 0 … S − 1
+    only serve, the other ranks only work, and a server answers each push as it arrives.
+    colocated: every rank is a worker and a server (servers = world size) sharing one port;
+    its own shard stays on the machine, and each round it pushes one shard, answers one push,
+    and takes one answer."""
     ranges = key_ranges(nbytes, servers)
+    if colocated:
+        if servers != comm.size:
+            raise ValueError(f"co-located: every rank is a server, so servers must equal the "
+                             f"world size {comm.size}, got servers={servers}")
+        a, b = ranges[comm.rank]
+        for s in [s for s in push_order(comm.rank, servers, staggered) if s != comm.rank]:
+            yield comm.send(s, SizeOnly(ranges[s][1] - ranges[s][0]), tag=PUSH)
+            src, _ = yield comm.recv_any(PUSH)
+            yield comm.send(src, SizeOnly(b - a), tag=REPLY)
+            yield comm.recv(s, tag=REPLY)
+        return
+    if not 1 <= servers < comm.size:
+        raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
     if comm.rank < servers:
         a, b = ranges[comm.rank]
         for _ in range(comm.size - servers):
             src, _ = yield comm.recv_any(PUSH)
             yield comm.send(src, SizeOnly(b - a), tag=REPLY)
         return
-    for s, (a, b) in enumerate(ranges):
-        yield comm.send(s, SizeOnly(b - a), tag=PUSH)
-    for s in range(servers):
+    order = push_order(comm.rank - servers, servers, staggered)
+    for s in order:
+        yield comm.send(s, SizeOnly(ranges[s][1] - ranges[s][0]), tag=PUSH)
+    for s in order:
         yield comm.recv(s, tag=REPLY)
+
+
+# -- cell 21
+def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sparse: bool = True,
+                            seed: int = 0):
+    """Rank program: rank 0 serves w of a SparseProblem (d keys, from 0); every other rank is a
+    worker that, `steps` times, pulls w, computes a mini-batch gradient of the least squares
+    problem, and pushes it, asynchronously. sparse: the pull names, and the push carries, only
+    the keys the mini-batch touches (keys, values); dense: all d. Returns the server's w."""
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an integer ≥ 1, got {steps!r}")
+    if not 1 <= batch <= problem.n:
+        raise ValueError(f"batch must be in 1..{problem.n} (the examples), got {batch!r}")
+    if comm.rank == 0:
+        w = np.zeros(problem.d)
+        for _ in range(2 * steps * (comm.size - 1)):       # a pull and a push per worker step
+            src, (keys, values) = yield comm.recv_any(PUSH)
+            if values is None:                             # a pull: answer the keys asked for
+                yield comm.send(src, w.copy() if keys is None else w[keys], tag=REPLY)
+            elif keys is None:
+                w -= lr * values
+            else:
+                w[keys] -= lr * values
+        return w
+    rng = np.random.default_rng([seed, comm.rank])
+    for _ in range(steps):
+        chosen = rng.choice(problem.n, size=batch, replace=False)
+        idx, vals = problem.idx[chosen], problem.vals[chosen]
+        keys = np.unique(idx) if sparse else None
+        yield comm.send(0, (keys, None), tag=PUSH)
+        local = yield comm.recv(0, tag=REPLY)              # w at keys (sparse) or all of w
+        where = np.searchsorted(keys, idx) if sparse else idx
+        residual = np.einsum("ij,ij->i", vals, local[where]) - problem.y[chosen]
+        gradient = np.zeros(len(local))
+        np.add.at(gradient, where, residual[:, None] * vals / batch)
+        yield comm.send(0, (keys, gradient), tag=PUSH)
