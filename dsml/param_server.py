@@ -59,25 +59,33 @@ def check_bound(bound):
 
 # -- cell 8
 def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
-          bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1):
+          bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1,
+          backups: int = 0):
     """Rank program body of one parameter server, which owns `shard`, the values of keys
     [start, stop) = `keys` of the flat parameter vector, and serves `workers` (ranks), each of which pulls once, then pushes
     `steps` gradients, each answered with the server's current keys and version.
 
-    mode "bsp": a barrier per step — wait for every worker's gradient of a step, apply their
-    mean once, answer all. mode "ssp": apply each gradient the moment it arrives (its
+    mode "bsp": a barrier per step — wait for the gradients of a step from every worker but
+    `backups` of them (Chen et al.'s backup workers; 0: from all), apply their mean once and
+    answer those workers; a gradient that arrives after its step was applied, or after the last
+    step, is dropped (logged in "dropped") and its worker answered at once with the current
+    keys. mode "ssp": apply each gradient the moment it arrives (its
     staleness is the number of updates applied since the worker read), and answer a worker only
     while it is at most `bound` steps ahead of the slowest: 0 keeps the workers in lock step,
     math.inf is fully asynchronous. `staleness_aware` divides the learning rate by the
     staleness (at least 1). A worker that fails (run with failures="notify") is logged and
     dropped in "ssp" mode; in "bsp" mode, which needs every worker, it is an error.
-    Returns the log: updates, reads, snapshots (time, version, keys), failures (rank, time)."""
+    Returns the log: updates, reads, snapshots (time, version, keys), failures (rank, time),
+    dropped (worker, step, time)."""
     bound = check_bound(bound)
+    if not isinstance(backups, (int, np.integer)) or not 0 <= backups < len(workers):
+        raise ValueError(f"backups must be an integer in 0..{len(workers) - 1} (fewer than the "
+                         f"{len(workers)} workers), got {backups!r}")
     if mode not in ("bsp", "ssp"):
         raise ValueError(f"unknown mode {mode!r}; choose 'bsp' or 'ssp'")
     start, stop = keys
     clock = dict.fromkeys(workers, 0)            # steps each worker has pushed
-    version, updates, reads, held, failures = 0, [], [], [], []
+    version, updates, reads, held, failures, dropped = 0, [], [], [], [], []
     step_grads = {}                              # bsp: step -> {worker: gradient}
     heard = dict.fromkeys(workers, 0)            # messages from each worker so far
     t0 = yield comm.now()
@@ -121,16 +129,22 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
                              f"{np.size(gradient)} values for keys [{keys[0]}, {keys[1]})")
         clock[src] += 1
         if mode == "bsp":
+            step = read_version + 1              # the step this gradient is for
+            if step <= version or version == steps:   # its step is done without it: drop
+                dropped.append((src, step, now))
+                yield from answer(src, now)
+                continue
             step_grads.setdefault(step, {})[src] = gradient
-            if len(step_grads[step]) < len(workers):
+            if len(step_grads[step]) < len(workers) - backups:
                 continue
             arrived = step_grads.pop(step)
-            shard -= lr * np.mean([arrived[w] for w in workers], axis=0)
-            updates += [Update(w, step, version, version, now) for w in workers]
+            shard -= lr * np.mean([arrived[w] for w in workers if w in arrived], axis=0)
+            updates += [Update(w, step, version, version, now) for w in workers if w in arrived]
             version += 1
             snapshots.append((now, version, shard.copy()))
             for w in workers:
-                yield from answer(w, now)
+                if w in arrived:
+                    yield from answer(w, now)
             continue
         staleness = version - read_version
         shard -= (lr / max(1, staleness) if staleness_aware else lr) * gradient
@@ -144,7 +158,7 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
             held.remove(worker)
             yield from answer(worker, now)
     return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop),
-            "failures": failures}
+            "failures": failures, "dropped": dropped}
 
 
 # -- cell 9
@@ -192,13 +206,14 @@ def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, bat
                      mode: str = "ssp", bound=math.inf, staleness_aware: bool = False,
                      seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
                      straggle_factor: float = 1.0, seed: int = 0, snapshot_every: int = 1,
-                     fail_at=None):
+                     fail_at=None, backups: int = 0):
     """Rank program: ranks 0 … servers−1 are parameter servers, each owning a contiguous range
     of the flat parameter vector of `model` (key_ranges); the other ranks are workers training
     on (X, y). See serve and work. Every rank starts from `model`'s parameters; each worker's
     speed multiplies seconds_per_step (`speeds`, one per worker, default all 1).
     `fail_at` = {worker rank: step} makes those workers crash at that step (run with
-    failures="notify" to let the others go on)."""
+    failures="notify" to let the others go on). `backups`: in mode "bsp", how many of the
+    slowest workers' gradients each step goes on without (see serve)."""
     bound = check_bound(bound)
     if not 1 <= servers < comm.size:
         raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
@@ -207,7 +222,8 @@ def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, bat
     if comm.rank < servers:
         a, b = ranges[comm.rank]
         return (yield from serve(comm, vector[a:b].copy(), (a, b), list(range(servers, comm.size)),
-                                 steps, lr, mode, bound, staleness_aware, snapshot_every))
+                                 steps, lr, mode, bound, staleness_aware, snapshot_every,
+                                 backups))
     worker = comm.rank - servers
     speed = 1.0 if speeds is None else float(speeds[worker])
     return (yield from work(comm, list(range(servers)), copy.deepcopy(model), ranges, X, y,

@@ -74,6 +74,54 @@ def test_synchronous_is_sgd_on_the_union_of_the_batches(workers, servers):
         assert all(u.staleness == 0 for u in log["updates"])
 
 
+@pytest.mark.parametrize("servers", [1, 2])
+def test_backup_workers_go_on_without_a_slow_worker_and_drop_its_gradients(servers):
+    # Worker 3 is ten times slower: with one backup every step is the mean of workers 0-2's,
+    # SGD on the union of their batches, and every gradient of worker 3 arrives too late.
+    steps, workers = 5, 4
+    result = run_ps(servers + workers, servers, mode="bsp", steps=steps, backups=1,
+                    seconds_per_step=1e-3, speeds=[1, 1.2, 1.1, 10])
+    picks = [batches_of(w, steps, 3) for w in range(3)]
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y,
+                 [np.concatenate([picks[w][t] for w in range(3)]) for t in range(steps)])
+    assert np.allclose(params_at(result.values[:servers], math.inf),
+                       flatten(reference.params)[0], rtol=1e-12, atol=1e-14)
+    for log in result.values[:servers]:
+        assert {u.worker for u in log["updates"]} == {servers, servers + 1, servers + 2}
+        assert [w for w, _, _ in log["dropped"]] == [servers + 3] * steps
+
+
+def check_backup_log(log, workers, backups, steps):
+    by_step = {}
+    for u in log["updates"]:
+        by_step.setdefault(u.step, []).append(u.worker)
+    assert sorted(by_step) == list(range(1, steps + 1))
+    assert all(len(set(w)) == len(w) == workers - backups for w in by_step.values())
+    assert len(log["updates"]) + len(log["dropped"]) == workers * steps   # every push, once
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_backup_workers_apply_exactly_w_minus_b_gradients_a_step(seed):
+    speeds = worker_speeds(6, spread=0.5, seed=seed)
+    result = run_ps(7, 1, mode="bsp", steps=8, backups=2, seed=seed, seconds_per_step=1e-3,
+                    speeds=speeds, straggle_prob=0.2, straggle_factor=10)
+    check_backup_log(result.values[0], 6, 2, 8)
+
+
+def test_backup_workers_on_threads(nothing_left_behind):
+    result = run_ps(5, 1, engine="threads", mode="bsp", steps=6, backups=1,
+                    seconds_per_step=2e-3, speeds=[1, 1, 1, 4])
+    check_backup_log(result.values[0], 4, 1, 6)
+
+
+@pytest.mark.parametrize("backups", [-1, 4, 1.5])
+def test_backups_must_leave_at_least_one_worker(backups):
+    with pytest.raises(RankError, match=r"backups must be an integer in 0..3 \(fewer than the 4 "
+                                        r"workers\), got"):
+        run_ps(5, 1, mode="bsp", backups=backups)
+
+
 def test_every_gradient_is_applied_once_and_staleness_is_counted_from_events():
     workers, steps = 5, 8
     result = run_ps(workers + 2, 2, steps=steps, seconds_per_step=1e-3,
