@@ -322,3 +322,86 @@ def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sp
         gradient = np.zeros(len(local))
         np.add.at(gradient, where, residual[:, None] * vals / batch)
         yield comm.send(0, (keys, gradient), tag=PUSH)
+
+
+# -- cell 33
+def serve_cached(comm, shard, workers, steps: int, lr: float):
+    """Rank program body of an SSP server for workers with a parameter cache (Ho et al.'s SSP
+    table). A push (read_version, gradient) is applied at once and advances its worker's clock;
+    a pull (None, needed) is answered (version, keys, slowest clock) as soon as the slowest
+    worker's clock is at least `needed`, held until then. Returns the log: updates, snapshots
+    (time, version, keys), keys."""
+    clock = dict.fromkeys(workers, 0)
+    version, updates, held = 0, [], []
+    t0 = yield comm.now()
+    snapshots = [(0.0, 0, shard.copy())]
+    pushes = len(workers) * steps
+    while pushes or held:
+        src, (read_version, payload) = yield comm.recv_any(PUSH)
+        now = (yield comm.now()) - t0
+        if read_version is None:                     # a pull: needs the slowest at `payload`
+            held.append((src, payload))
+        else:                                        # a push
+            shard -= lr * payload
+            updates.append(Update(src, clock[src] + 1, read_version, version, now))
+            version, pushes = version + 1, pushes - 1
+            clock[src] += 1
+            snapshots.append((now, version, shard.copy()))
+        slowest = min(clock.values())
+        for worker, needed in [pull for pull in held if pull[1] <= slowest]:
+            held.remove((worker, needed))
+            yield comm.send(worker, (version, shard, slowest), tag=REPLY)
+    return {"updates": updates, "snapshots": snapshots, "keys": (0, shard.size)}
+
+
+# -- cell 34
+def work_cached(comm, model, X, y, batch: int, steps: int, lr: float, bound, seconds_per_step,
+                rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
+    """Rank program body of an SSP worker with a client-side cache: at clock c it computes on
+    its cached parameters while they hold every worker's first c − bound clocks (the slowest
+    clock the server reported with them), and only otherwise pulls — and waits. Its own
+    updates go into its cache at once (read-my-writes). Returns, for each step, (clock, the
+    server version its cache came from, whether it pulled)."""
+    vector, layout = flatten(model.params)
+    version, slowest, used = 0, 0, []            # the cache starts as version 0: all clocks 0
+    for c in range(steps):
+        pulled = slowest < c - bound
+        if pulled:
+            yield comm.send(0, (None, c - bound), tag=PUSH)
+            version, vector[:], slowest = yield comm.recv(0, tag=REPLY)
+        used.append((c, version, pulled))
+        for name, value in unflatten(vector, layout).items():
+            model.params[name][...] = value
+        chosen = rng.choice(len(X), size=batch, replace=False)
+        _, grads = loss_and_grads(model, X[chosen], y[chosen])
+        gradient, _ = flatten(grads)
+        yield comm.compute(seconds_per_step * (straggle_factor if rng.random() < straggle_prob else 1.0))
+        yield comm.send(0, (version, gradient), tag=PUSH)
+        vector -= lr * gradient                      # read-my-writes
+    return used
+
+
+def ssp_with_cache(comm, model, X, y, steps: int, lr: float, bound, batch: int = 32,
+                   seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
+                   straggle_factor: float = 1.0, seed: int = 0):
+    """Rank program: rank 0 is an SSP server (serve_cached), the others workers with a
+    parameter cache (work_cached) training `model` on (X, y) under staleness bound `bound`."""
+    bound = check_bound(bound)
+    if comm.size < 2:
+        raise ValueError(f"need a server and at least one worker, got world size {comm.size}")
+    if comm.rank == 0:
+        vector, _ = flatten(model.params)
+        return (yield from serve_cached(comm, vector.copy(), list(range(1, comm.size)), steps, lr))
+    speed = 1.0 if speeds is None else float(speeds[comm.rank - 1])
+    return (yield from work_cached(comm, copy.deepcopy(model), X, y, batch, steps, lr, bound,
+                                   seconds_per_step * speed, np.random.default_rng([seed, comm.rank - 1]),
+                                   straggle_prob, straggle_factor))
+
+
+def clocks_seen(updates, version: int, workers) -> dict:
+    """How many updates of each worker the server's version `version` holds: its first
+    `version` applied updates, counted by worker — read from the log, not from any clock table."""
+    seen = dict.fromkeys(workers, 0)
+    for update in updates[:version]:
+        seen[update.worker] += 1
+    return seen

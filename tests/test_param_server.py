@@ -16,8 +16,8 @@ from dsml.data_parallel import flatten, train_single
 from dsml.collectives import allreduce
 from dsml.hogwild import sparse_least_squares
 from dsml.param_server import (PUSH, REPLY, check_bound, key_ranges, parameter_server,
-                               params_at, ps_exchange, push_order, sparse_parameter_server,
-                               worker_speeds)
+                               clocks_seen, params_at, ps_exchange, push_order,
+                               sparse_parameter_server, ssp_with_cache, worker_speeds)
 from dsml.sim import DeadlockError
 from dsml.train import MLP, gaussian_mixture, make_optimizer
 from leaks import nothing_left_behind  # noqa: F401
@@ -120,6 +120,61 @@ def test_backups_must_leave_at_least_one_worker(backups):
     with pytest.raises(RankError, match=r"backups must be an integer in 0..3 \(fewer than the 4 "
                                         r"workers\), got"):
         run_ps(5, 1, mode="bsp", backups=backups)
+
+
+def run_cached(world, engine="sim", **kwargs):
+    kwargs = {"steps": 6, "lr": 0.1, "batch": BATCH, "seed": 3, "bound": 1, **kwargs}
+    options = dict(network=NET) if engine == "sim" else dict(engine=engine, timeout=60)
+    return dsml.run(ssp_with_cache, world, args=(model(), X, Y), kwargs=kwargs, **options)
+
+
+@pytest.mark.parametrize("bound", [0, 2, math.inf])
+def test_one_worker_with_a_cache_is_plain_sgd_bit_for_bit(bound):
+    result = run_cached(2, steps=10, bound=bound)
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y, batches_of(0, 10, 3))
+    assert np.array_equal(params_at(result.values[:1], math.inf), flatten(reference.params)[0])
+    pulls = [pulled for _, _, pulled in result.values[1]]
+    # alone, its clock is the slowest: it pulls every bound + 1 steps after the first (∞: never)
+    assert pulls == [bound != math.inf and c > 0 and c % (bound + 1) == 0 for c in range(10)]
+
+
+def check_cached_guarantee(result, bound):
+    workers = range(1, len(result.values))
+    for rank in workers:
+        for c, version, _ in result.values[rank]:
+            seen = clocks_seen(result.values[0]["updates"], version, workers)
+            assert all(seen[u] >= c - bound for u in workers if u != rank), (rank, c, seen)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_a_cached_worker_never_computes_on_values_older_than_the_bound(seed, bound):
+    speeds = worker_speeds(4, spread=0.6, seed=seed)
+    result = run_cached(5, steps=12, bound=bound, seed=seed, seconds_per_step=1e-3,
+                        speeds=speeds, straggle_prob=0.2, straggle_factor=8)
+    check_cached_guarantee(result, bound)
+    assert len(result.values[0]["updates"]) == 4 * 12
+
+
+def test_the_guarantee_check_catches_a_cache_one_clock_too_old():
+    speeds = [1, 1, 1, 8]                     # one slow worker: the bound binds
+    result = run_cached(5, steps=10, bound=1, seconds_per_step=1e-3, speeds=speeds)
+    check_cached_guarantee(result, 1)
+    with pytest.raises(AssertionError):
+        check_cached_guarantee(result, 0)     # the same run does not meet a tighter bound
+
+
+def test_ssp_with_a_cache_on_threads(nothing_left_behind):
+    result = run_cached(4, engine="threads", steps=8, bound=1, seconds_per_step=1e-3,
+                        speeds=[1, 1, 3])
+    check_cached_guarantee(result, 1)
+    assert len(result.values[0]["updates"]) == 3 * 8
+
+
+def test_ssp_with_a_cache_needs_a_worker():
+    with pytest.raises(RankError, match=r"need a server and at least one worker, got world size 1"):
+        run_cached(1)
 
 
 def test_every_gradient_is_applied_once_and_staleness_is_counted_from_events():
