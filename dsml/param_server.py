@@ -4,7 +4,7 @@
 from dsml.comm.failures import PeerFailed
 
 
-# -- cell 7
+# -- cell 8
 import copy
 import math
 from typing import NamedTuple
@@ -57,7 +57,7 @@ def check_bound(bound):
     return int(bound)
 
 
-# -- cell 8
+# -- cell 9
 def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
           bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1,
           backups: int = 0):
@@ -161,7 +161,7 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
             "failures": failures, "dropped": dropped}
 
 
-# -- cell 9
+# -- cell 10
 def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per_step: float,
          rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0, fail_at=None):
     """Rank program body of a worker: pull every server's keys, then `steps` times compute a
@@ -195,6 +195,7 @@ def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per
     return {"losses": losses, "times": times}
 
 
+# -- cell 11
 def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
     """Seconds-per-step multipliers of heterogeneous workers: log-normal with σ = spread,
     scaled so the fastest is 1."""
@@ -242,7 +243,7 @@ def params_at(server_logs, t: float) -> np.ndarray:
     return np.concatenate(parts)
 
 
-# -- cell 15
+# -- cell 17
 from dsml.comm.api import SizeOnly
 
 
@@ -288,7 +289,7 @@ def ps_exchange(comm, servers, nbytes, staggered=False, colocated=False):
         yield comm.recv(s, tag=REPLY)
 
 
-# -- cell 21
+# -- cell 23
 def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sparse: bool = True,
                             seed: int = 0):
     """Rank program: rank 0 serves w of a SparseProblem (d keys, from 0); every other rank is a
@@ -324,7 +325,7 @@ def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sp
         yield comm.send(0, (keys, gradient), tag=PUSH)
 
 
-# -- cell 33
+# -- cell 35
 def serve_cached(comm, shard, workers, steps: int, lr: float):
     """Rank program body of an SSP server for workers with a parameter cache (Ho et al.'s SSP
     table). A push (read_version, gradient) is applied at once and advances its worker's clock;
@@ -354,7 +355,7 @@ def serve_cached(comm, shard, workers, steps: int, lr: float):
     return {"updates": updates, "snapshots": snapshots, "keys": (0, shard.size)}
 
 
-# -- cell 34
+# -- cell 36
 def work_cached(comm, model, X, y, batch: int, steps: int, lr: float, bound, seconds_per_step,
                 rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
     """Rank program body of an SSP worker with a client-side cache: at clock c it computes on
