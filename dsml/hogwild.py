@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-# -- cell 29
+# -- cell 43
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +48,7 @@ def distinct_coordinates(n: int, d: int, k: int, rng: np.random.Generator) -> np
     return np.sort(np.argpartition(keys, k - 1, axis=1)[:, :k], axis=1)
 
 
+# -- cell 44
 def sparse_least_squares(n: int, d: int, k: int, noise: float = 0.1,
                          seed: int = 0) -> SparseProblem:
     """A seeded SparseProblem: n examples, each touching k of d coordinates with values ±1/√k,
@@ -72,20 +73,42 @@ def problem_loss(problem: SparseProblem, w: np.ndarray) -> float:
     return 0.5 * float(np.mean(residual * residual))
 
 
-# -- cell 33
-def sparse_sgd_step(state: np.ndarray, problem: SparseProblem, i: int, lr: float) -> None:
+# -- cell 48
+def read_and_compute(state: np.ndarray, problem: SparseProblem, i: int, lr: float):
+    """The first half of a step on example i: read w_e and its counters (e = problem.idx[i])
+    and compute the update of the k rows, −lr·(x·w_e − y)·x in column 0 and 1 in column 1.
+    Returns (e, the rows as read, the update)."""
+    idx, x = problem.idx[i], problem.vals[i]
+    seen = state[idx]                            # w_e and its counters, as read (a copy)
+    update = np.empty((len(idx), 2))
+    update[:, 0] = -lr * (x @ seen[:, 0] - problem.y[i]) * x
+    update[:, 1] = 1.0
+    return idx, seen, update
+
+
+def sparse_sgd_step(state: np.ndarray, problem: SparseProblem, i: int, lr: float) -> int:
     """One SGD step on example i that reads and writes only its coordinates e = problem.idx[i].
 
     state is (d, 2): column 0 holds w, column 1 counts the updates landed on each coordinate.
-    w_e ← w_e − lr·(x·w_e − y)·x, and 1 is added to each of the k counters, in one NumPy
-    statement: a read-modify-write of the k rows, not atomic, so a concurrent write to one of
-    those rows between its read and its write is lost, counter included."""
-    idx, x = problem.idx[i], problem.vals[i]
-    residual = x @ state[idx, 0] - problem.y[i]
-    update = np.empty((len(idx), 2))
-    update[:, 0] = -lr * residual * x
-    update[:, 1] = 1.0
+    The write adds the update to the k rows in one NumPy statement: a read-modify-write of all
+    k rows, not atomic, so a concurrent write to one of them between its read and its write is
+    lost, counter included. Returns the number of the k coordinates whose counter moved between
+    the step's read and its write — its stale reads."""
+    idx, seen, update = read_and_compute(state, problem, i, lr)
+    stale = int(np.count_nonzero(state[idx, 1] != seen[:, 1]))
     state[idx] += update
+    return stale
+
+
+def atomic_sgd_step(state: np.ndarray, problem: SparseProblem, i: int, lr: float) -> int:
+    """sparse_sgd_step with the write done one coordinate at a time (np.add.at reads one
+    element, adds, writes it back, then takes the next), as an atomic add per coordinate would
+    — the model Niu et al. analyse. The window in which a concurrent write can be lost shrinks
+    from the copy of all k rows to one element's add; stale reads are as before."""
+    idx, seen, update = read_and_compute(state, problem, i, lr)
+    stale = int(np.count_nonzero(state[idx, 1] != seen[:, 1]))
+    np.add.at(state, idx, update)
+    return stale
 
 
 def sample_order(n: int, steps: int, seed: int, worker: int):
@@ -107,7 +130,7 @@ def serial_sgd(problem: SparseProblem, steps: int, lr: float, seed: int = 0) -> 
     return state
 
 
-# -- cell 39
+# -- cell 54
 import time
 from typing import Callable
 
@@ -129,30 +152,37 @@ class HogwildResult:
     losses: np.ndarray          # f at those samples
     coordinate_updates: int     # performed, as the workers counted them (exact)
     lost_updates: int           # performed − landed (what the counters hold): overwritten
+    stale_reads: int = 0        # coordinates another update landed on between a read and a write
 
     @property
     def lost_fraction(self) -> float:
         return self.lost_updates / self.coordinate_updates
+
+    @property
+    def stale_fraction(self) -> float:
+        return self.stale_reads / self.coordinate_updates
 
 
 def hogwild_worker(worker: int, state: np.ndarray, problem: SparseProblem, steps: int, lr: float,
                    lock, seed: int, step: Callable, start_line, timeout: float):
     """One worker process: wait for the others at `start_line`, then take `steps` steps on
     its own order, each under `lock` if there is one. Returns (start, end, steps, coordinate
-    updates), times on time.perf_counter."""
+    updates, stale reads as the steps returned them), times on time.perf_counter."""
     order = sample_order(problem.n, steps, seed, worker)
+    stale = 0
     start_line.wait(timeout)
     start = time.perf_counter()
     if lock is None:
         for i in order:
-            step(state, problem, i, lr)
+            stale += step(state, problem, i, lr) or 0
     else:
         for i in order:
             with lock:
-                step(state, problem, i, lr)
-    return start, time.perf_counter(), steps, steps * problem.k
+                stale += step(state, problem, i, lr) or 0
+    return start, time.perf_counter(), steps, steps * problem.k, stale
 
 
+# -- cell 55
 def _check_hogwild_arguments(problem, workers, steps_per_worker, lr, sample_every, timeout):
     if not isinstance(problem, SparseProblem):
         raise ValueError(f"problem must be a SparseProblem (see sparse_least_squares), got "
@@ -198,10 +228,11 @@ def run_hogwild(problem: SparseProblem, workers: int, steps_per_worker: int, lr:
     end = max(report[1] for report in reports)
     steps = sum(report[2] for report in reports)
     performed = sum(report[3] for report in reports)
+    stale = sum(report[4] for report in reports)
     final_loss = problem_loss(problem, params)
     during = [(t - start, w) for t, w in samples if start < t < end]
     times = np.array([0.0] + [t for t, _ in during] + [end - start])
     losses = np.array([problem_loss(problem, np.zeros(problem.d))]
                       + [problem_loss(problem, w) for _, w in during] + [final_loss])
     return HogwildResult(workers, bool(lock), steps, end - start, steps / (end - start), params,
-                         final_loss, times, losses, performed, performed - landed)
+                         final_loss, times, losses, performed, performed - landed, stale)

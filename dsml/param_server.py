@@ -4,7 +4,7 @@
 from dsml.comm.failures import PeerFailed
 
 
-# -- cell 7
+# -- cell 8
 import copy
 import math
 from typing import NamedTuple
@@ -57,27 +57,35 @@ def check_bound(bound):
     return int(bound)
 
 
-# -- cell 8
+# -- cell 9
 def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
-          bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1):
+          bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1,
+          backups: int = 0):
     """Rank program body of one parameter server, which owns `shard`, the values of keys
     [start, stop) = `keys` of the flat parameter vector, and serves `workers` (ranks), each of which pulls once, then pushes
     `steps` gradients, each answered with the server's current keys and version.
 
-    mode "bsp": a barrier per step — wait for every worker's gradient of a step, apply their
-    mean once, answer all. mode "ssp": apply each gradient the moment it arrives (its
+    mode "bsp": a barrier per step — wait for the gradients of a step from every worker but
+    `backups` of them (Chen et al.'s backup workers; 0: from all), apply their mean once and
+    answer those workers; a gradient that arrives after its step was applied, or after the last
+    step, is dropped (logged in "dropped") and its worker answered at once with the current
+    keys. mode "ssp": apply each gradient the moment it arrives (its
     staleness is the number of updates applied since the worker read), and answer a worker only
     while it is at most `bound` steps ahead of the slowest: 0 keeps the workers in lock step,
     math.inf is fully asynchronous. `staleness_aware` divides the learning rate by the
     staleness (at least 1). A worker that fails (run with failures="notify") is logged and
     dropped in "ssp" mode; in "bsp" mode, which needs every worker, it is an error.
-    Returns the log: updates, reads, snapshots (time, version, keys), failures (rank, time)."""
+    Returns the log: updates, reads, snapshots (time, version, keys), failures (rank, time),
+    dropped (worker, step, time)."""
     bound = check_bound(bound)
+    if not isinstance(backups, (int, np.integer)) or not 0 <= backups < len(workers):
+        raise ValueError(f"backups must be an integer in 0..{len(workers) - 1} (fewer than the "
+                         f"{len(workers)} workers), got {backups!r}")
     if mode not in ("bsp", "ssp"):
         raise ValueError(f"unknown mode {mode!r}; choose 'bsp' or 'ssp'")
     start, stop = keys
     clock = dict.fromkeys(workers, 0)            # steps each worker has pushed
-    version, updates, reads, held, failures = 0, [], [], [], []
+    version, updates, reads, held, failures, dropped = 0, [], [], [], [], []
     step_grads = {}                              # bsp: step -> {worker: gradient}
     heard = dict.fromkeys(workers, 0)            # messages from each worker so far
     t0 = yield comm.now()
@@ -121,16 +129,22 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
                              f"{np.size(gradient)} values for keys [{keys[0]}, {keys[1]})")
         clock[src] += 1
         if mode == "bsp":
+            step = read_version + 1              # the step this gradient is for
+            if step <= version or version == steps:   # its step is done without it: drop
+                dropped.append((src, step, now))
+                yield from answer(src, now)
+                continue
             step_grads.setdefault(step, {})[src] = gradient
-            if len(step_grads[step]) < len(workers):
+            if len(step_grads[step]) < len(workers) - backups:
                 continue
             arrived = step_grads.pop(step)
-            shard -= lr * np.mean([arrived[w] for w in workers], axis=0)
-            updates += [Update(w, step, version, version, now) for w in workers]
+            shard -= lr * np.mean([arrived[w] for w in workers if w in arrived], axis=0)
+            updates += [Update(w, step, version, version, now) for w in workers if w in arrived]
             version += 1
             snapshots.append((now, version, shard.copy()))
             for w in workers:
-                yield from answer(w, now)
+                if w in arrived:
+                    yield from answer(w, now)
             continue
         staleness = version - read_version
         shard -= (lr / max(1, staleness) if staleness_aware else lr) * gradient
@@ -144,10 +158,10 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
             held.remove(worker)
             yield from answer(worker, now)
     return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop),
-            "failures": failures}
+            "failures": failures, "dropped": dropped}
 
 
-# -- cell 9
+# -- cell 10
 def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per_step: float,
          rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0, fail_at=None):
     """Rank program body of a worker: pull every server's keys, then `steps` times compute a
@@ -181,6 +195,7 @@ def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per
     return {"losses": losses, "times": times}
 
 
+# -- cell 11
 def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
     """Seconds-per-step multipliers of heterogeneous workers: log-normal with σ = spread,
     scaled so the fastest is 1."""
@@ -192,13 +207,14 @@ def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, bat
                      mode: str = "ssp", bound=math.inf, staleness_aware: bool = False,
                      seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
                      straggle_factor: float = 1.0, seed: int = 0, snapshot_every: int = 1,
-                     fail_at=None):
+                     fail_at=None, backups: int = 0):
     """Rank program: ranks 0 … servers−1 are parameter servers, each owning a contiguous range
     of the flat parameter vector of `model` (key_ranges); the other ranks are workers training
     on (X, y). See serve and work. Every rank starts from `model`'s parameters; each worker's
     speed multiplies seconds_per_step (`speeds`, one per worker, default all 1).
     `fail_at` = {worker rank: step} makes those workers crash at that step (run with
-    failures="notify" to let the others go on)."""
+    failures="notify" to let the others go on). `backups`: in mode "bsp", how many of the
+    slowest workers' gradients each step goes on without (see serve)."""
     bound = check_bound(bound)
     if not 1 <= servers < comm.size:
         raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
@@ -207,7 +223,8 @@ def parameter_server(comm, servers: int, model, X, y, steps: int, lr: float, bat
     if comm.rank < servers:
         a, b = ranges[comm.rank]
         return (yield from serve(comm, vector[a:b].copy(), (a, b), list(range(servers, comm.size)),
-                                 steps, lr, mode, bound, staleness_aware, snapshot_every))
+                                 steps, lr, mode, bound, staleness_aware, snapshot_every,
+                                 backups))
     worker = comm.rank - servers
     speed = 1.0 if speeds is None else float(speeds[worker])
     return (yield from work(comm, list(range(servers)), copy.deepcopy(model), ranges, X, y,
@@ -226,21 +243,166 @@ def params_at(server_logs, t: float) -> np.ndarray:
     return np.concatenate(parts)
 
 
-# -- cell 15
+# -- cell 17
 from dsml.comm.api import SizeOnly
 
 
-def ps_exchange(comm, servers, nbytes):
+def push_order(worker: int, servers: int, staggered: bool) -> list:
+    """The servers a worker pushes to, in order. Naive: 0, 1, …, S − 1 for every worker, so all
+    of them queue at server 0 first. Staggered: worker w starts at server w mod S and goes round,
+    so that while S = W each server hears from one worker at a time."""
+    first = worker % servers if staggered else 0
+    return [(first + i) % servers for i in range(servers)]
+
+
+def ps_exchange(comm, servers, nbytes, staggered=False, colocated=False):
     """One step's communication of a parameter server: every worker pushes each server its
-    share of n bytes and gets as much back, answered as each push arrives."""
+    share of n bytes (key_ranges) and gets as much back. Dedicated (default): ranks 0 … S − 1
+    only serve, the other ranks only work, and a server answers each push as it arrives.
+    colocated: every rank is a worker and a server (servers = world size) sharing one port;
+    its own shard stays on the machine, and each round it pushes one shard, answers one push,
+    and takes one answer."""
     ranges = key_ranges(nbytes, servers)
+    if colocated:
+        if servers != comm.size:
+            raise ValueError(f"co-located: every rank is a server, so servers must equal the "
+                             f"world size {comm.size}, got servers={servers}")
+        a, b = ranges[comm.rank]
+        for s in [s for s in push_order(comm.rank, servers, staggered) if s != comm.rank]:
+            yield comm.send(s, SizeOnly(ranges[s][1] - ranges[s][0]), tag=PUSH)
+            src, _ = yield comm.recv_any(PUSH)
+            yield comm.send(src, SizeOnly(b - a), tag=REPLY)
+            yield comm.recv(s, tag=REPLY)
+        return
+    if not 1 <= servers < comm.size:
+        raise ValueError(f"need 1 ≤ servers < world size {comm.size}, got servers={servers}")
     if comm.rank < servers:
         a, b = ranges[comm.rank]
         for _ in range(comm.size - servers):
             src, _ = yield comm.recv_any(PUSH)
             yield comm.send(src, SizeOnly(b - a), tag=REPLY)
         return
-    for s, (a, b) in enumerate(ranges):
-        yield comm.send(s, SizeOnly(b - a), tag=PUSH)
-    for s in range(servers):
+    order = push_order(comm.rank - servers, servers, staggered)
+    for s in order:
+        yield comm.send(s, SizeOnly(ranges[s][1] - ranges[s][0]), tag=PUSH)
+    for s in order:
         yield comm.recv(s, tag=REPLY)
+
+
+# -- cell 23
+def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sparse: bool = True,
+                            seed: int = 0):
+    """Rank program: rank 0 serves w of a SparseProblem (d keys, from 0); every other rank is a
+    worker that, `steps` times, pulls w, computes a mini-batch gradient of the least squares
+    problem, and pushes it, asynchronously. sparse: the pull names, and the push carries, only
+    the keys the mini-batch touches (keys, values); dense: all d. Returns the server's w."""
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be an integer ≥ 1, got {steps!r}")
+    if not 1 <= batch <= problem.n:
+        raise ValueError(f"batch must be in 1..{problem.n} (the examples), got {batch!r}")
+    if comm.rank == 0:
+        w = np.zeros(problem.d)
+        for _ in range(2 * steps * (comm.size - 1)):       # a pull and a push per worker step
+            src, (keys, values) = yield comm.recv_any(PUSH)
+            if values is None:                             # a pull: answer the keys asked for
+                yield comm.send(src, w.copy() if keys is None else w[keys], tag=REPLY)
+            elif keys is None:
+                w -= lr * values
+            else:
+                w[keys] -= lr * values
+        return w
+    rng = np.random.default_rng([seed, comm.rank])
+    for _ in range(steps):
+        chosen = rng.choice(problem.n, size=batch, replace=False)
+        idx, vals = problem.idx[chosen], problem.vals[chosen]
+        keys = np.unique(idx) if sparse else None
+        yield comm.send(0, (keys, None), tag=PUSH)
+        local = yield comm.recv(0, tag=REPLY)              # w at keys (sparse) or all of w
+        where = np.searchsorted(keys, idx) if sparse else idx
+        residual = np.einsum("ij,ij->i", vals, local[where]) - problem.y[chosen]
+        gradient = np.zeros(len(local))
+        np.add.at(gradient, where, residual[:, None] * vals / batch)
+        yield comm.send(0, (keys, gradient), tag=PUSH)
+
+
+# -- cell 35
+def serve_cached(comm, shard, workers, steps: int, lr: float):
+    """Rank program body of an SSP server for workers with a parameter cache (Ho et al.'s SSP
+    table). A push (read_version, gradient) is applied at once and advances its worker's clock;
+    a pull (None, needed) is answered (version, keys, slowest clock) as soon as the slowest
+    worker's clock is at least `needed`, held until then. Returns the log: updates, snapshots
+    (time, version, keys), keys."""
+    clock = dict.fromkeys(workers, 0)
+    version, updates, held = 0, [], []
+    t0 = yield comm.now()
+    snapshots = [(0.0, 0, shard.copy())]
+    pushes = len(workers) * steps
+    while pushes or held:
+        src, (read_version, payload) = yield comm.recv_any(PUSH)
+        now = (yield comm.now()) - t0
+        if read_version is None:                     # a pull: needs the slowest at `payload`
+            held.append((src, payload))
+        else:                                        # a push
+            shard -= lr * payload
+            updates.append(Update(src, clock[src] + 1, read_version, version, now))
+            version, pushes = version + 1, pushes - 1
+            clock[src] += 1
+            snapshots.append((now, version, shard.copy()))
+        slowest = min(clock.values())
+        for worker, needed in [pull for pull in held if pull[1] <= slowest]:
+            held.remove((worker, needed))
+            yield comm.send(worker, (version, shard, slowest), tag=REPLY)
+    return {"updates": updates, "snapshots": snapshots, "keys": (0, shard.size)}
+
+
+# -- cell 36
+def work_cached(comm, model, X, y, batch: int, steps: int, lr: float, bound, seconds_per_step,
+                rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
+    """Rank program body of an SSP worker with a client-side cache: at clock c it computes on
+    its cached parameters while they hold every worker's first c − bound clocks (the slowest
+    clock the server reported with them), and only otherwise pulls — and waits. Its own
+    updates go into its cache at once (read-my-writes). Returns, for each step, (clock, the
+    server version its cache came from, whether it pulled)."""
+    vector, layout = flatten(model.params)
+    version, slowest, used = 0, 0, []            # the cache starts as version 0: all clocks 0
+    for c in range(steps):
+        pulled = slowest < c - bound
+        if pulled:
+            yield comm.send(0, (None, c - bound), tag=PUSH)
+            version, vector[:], slowest = yield comm.recv(0, tag=REPLY)
+        used.append((c, version, pulled))
+        for name, value in unflatten(vector, layout).items():
+            model.params[name][...] = value
+        chosen = rng.choice(len(X), size=batch, replace=False)
+        _, grads = loss_and_grads(model, X[chosen], y[chosen])
+        gradient, _ = flatten(grads)
+        yield comm.compute(seconds_per_step * (straggle_factor if rng.random() < straggle_prob else 1.0))
+        yield comm.send(0, (version, gradient), tag=PUSH)
+        vector -= lr * gradient                      # read-my-writes
+    return used
+
+
+def ssp_with_cache(comm, model, X, y, steps: int, lr: float, bound, batch: int = 32,
+                   seconds_per_step: float = 0.0, speeds=None, straggle_prob: float = 0.0,
+                   straggle_factor: float = 1.0, seed: int = 0):
+    """Rank program: rank 0 is an SSP server (serve_cached), the others workers with a
+    parameter cache (work_cached) training `model` on (X, y) under staleness bound `bound`."""
+    bound = check_bound(bound)
+    if comm.size < 2:
+        raise ValueError(f"need a server and at least one worker, got world size {comm.size}")
+    if comm.rank == 0:
+        vector, _ = flatten(model.params)
+        return (yield from serve_cached(comm, vector.copy(), list(range(1, comm.size)), steps, lr))
+    speed = 1.0 if speeds is None else float(speeds[comm.rank - 1])
+    return (yield from work_cached(comm, copy.deepcopy(model), X, y, batch, steps, lr, bound,
+                                   seconds_per_step * speed, np.random.default_rng([seed, comm.rank - 1]),
+                                   straggle_prob, straggle_factor))
+
+
+def clocks_seen(updates, version: int, workers) -> dict:
+    """How many updates of each worker the server's version `version` holds: its first
+    `version` applied updates, counted by worker — read from the log, not from any clock table."""
+    seen = dict.fromkeys(workers, 0)
+    for update in updates[:version]:
+        seen[update.worker] += 1
+    return seen

@@ -1,7 +1,7 @@
 """Reference solutions of week 4's exercises (parameter servers and asynchrony).
 
 Each function has the name of the notebook stub it solves; `check(id, f)` passes for each
-(4.1–4.4 on parameter servers; 4.5 and 4.6 are `dsml.exercises.week4.SPARSE_STEP` and
+(4.1–4.4 and 4.7 on parameter servers; 4.5 and 4.6 are `dsml.exercises.week4.SPARSE_STEP` and
 `CONFLICT`). The sparse step updates w in place; the others are formulas.
 """
 from __future__ import annotations
@@ -61,3 +61,24 @@ def bsp_expected_step(seconds, speeds, straggle_prob, straggle_factor):
 def may_start(clocks, worker, bound):
     """Exercise 4.4: at most `bound` clocks ahead of the slowest worker."""
     return clocks[worker] - min(clocks) <= bound
+
+
+def backup_expected_step(seconds, speeds, straggle_prob, straggle_factor, backups):
+    """Exercise 4.7: a step with b backups ends at the (W − b)-th finish. Its distribution:
+    P(step ≤ x) = P(at least W − b workers done by x), the tail of the number done — a sum of
+    independent Bernoulli variables, built one worker at a time — at each value a step can take."""
+    needed = len(speeds) - backups
+    values = sorted({seconds * s * f for s in speeds for f in (1.0, straggle_factor)})
+    total, below = 0.0, 0.0
+    for x in values:
+        done = np.zeros(len(speeds) + 1)
+        done[0] = 1.0
+        for s in speeds:
+            q = ((1 - straggle_prob) * (seconds * s <= x)
+                 + straggle_prob * (seconds * s * straggle_factor <= x))
+            done[1:] = done[1:] * (1 - q) + done[:-1] * q
+            done[0] *= 1 - q
+        cdf = done[needed:].sum()
+        total += x * (cdf - below)
+        below = cdf
+    return total

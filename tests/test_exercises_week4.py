@@ -11,13 +11,16 @@ import numpy as np
 
 import exercise_contract as contract
 from dsml.exercises import grade
-from dsml.exercises.week4 import (CONFLICT, CONFLICT_CASES, SPARSE_STEP, STEP_CASES,
-                                  conflict_truth, simulated_conflicts)
+from dsml.exercises.week4 import (BACKUP, BACKUP_CASES, CONFLICT, CONFLICT_CASES, SPARSE_STEP,
+                                  STEP_CASES, conflict_truth, simulated_conflicts,
+                                  staleness_counting_events, staleness_counting_reads,
+                                  staleness_from_first_read)
 
 solution = contract.solution_module(4)
 NOTEBOOK = contract.ROOT / "notebooks" / "week4_async_and_parameter_servers.ipynb"
 CELLS = contract.ROOT / "build" / "week4_exercise_cells.py"
-COUNT = 6   # 4.1–4.4 on parameter servers (sections 2–4), 4.5–4.6 on Hogwild! (section 5)
+COUNT = 7   # 4.1–4.4 on parameter servers (sections 2–4), 4.5–4.6 on Hogwild! (section 5),
+            # 4.7 on backup workers (section 3)
 
 
 def _sigmoid(z):
@@ -53,16 +56,8 @@ def staleness_including_itself(events):
     return out
 
 
-# 4.2: counts from the worker's first read, never refreshed.
-def staleness_from_first_read(events):
-    applied, read_at, out = 0, {}, []
-    for kind, worker in events:
-        if kind == "read":
-            read_at.setdefault(worker, applied)
-        else:
-            out.append(applied - read_at[worker])
-            applied += 1
-    return out
+# 4.2: counts from the worker's first read, never refreshed (staleness_from_first_read), every
+# event or the other workers' reads since the latest read: imported with the checker's hints.
 
 
 # 4.3: the average worker's expected time, not the slowest's.
@@ -78,6 +73,28 @@ def bsp_max_of_means(seconds, speeds, straggle_prob, straggle_factor):
 # 4.3: forgets the stragglers.
 def bsp_no_stragglers(seconds, speeds, straggle_prob, straggle_factor):
     return seconds * max(speeds)
+
+
+# 4.7: the synchronous step, backups ignored.
+def backup_ignored(seconds, speeds, straggle_prob, straggle_factor, backups):
+    return solution.bsp_expected_step(seconds, speeds, straggle_prob, straggle_factor)
+
+
+# 4.7: drops the b workers of slowest speed before the step, whatever their delays.
+def backup_drops_slowest_speeds(seconds, speeds, straggle_prob, straggle_factor, backups):
+    fastest = sorted(speeds)[:len(speeds) - backups]
+    return solution.bsp_expected_step(seconds, fastest, straggle_prob, straggle_factor)
+
+
+# 4.7: waits for one worker fewer than it should (the (W − b − 1)-th finish).
+def backup_one_too_many(seconds, speeds, straggle_prob, straggle_factor, backups):
+    return solution.backup_expected_step(seconds, speeds, straggle_prob, straggle_factor,
+                                         min(backups + 1, len(speeds) - 1))
+
+
+# 4.7: the average worker's expected time.
+def backup_mean_worker(seconds, speeds, straggle_prob, straggle_factor, backups):
+    return float(np.mean([seconds * s * (1 + straggle_prob * (straggle_factor - 1)) for s in speeds]))
 
 
 # 4.4: strictly fewer than s clocks ahead.
@@ -146,9 +163,11 @@ WRONG = {
                   step_on_the_first_coordinates],
     CONFLICT: [conflict_expected_overlap, conflict_with_replacement, conflict_none_shared],
     "4.1": [bytes_as_fraction, bytes_in_and_out, bytes_whole_gradient],
-    "4.2": [staleness_including_itself, staleness_from_first_read],
+    "4.2": [staleness_including_itself, staleness_from_first_read, staleness_counting_events,
+            staleness_counting_reads],
     "4.3": [bsp_mean_worker, bsp_max_of_means, bsp_no_stragglers],
     "4.4": [may_start_strict, may_start_against_fastest, may_start_next_clock],
+    BACKUP: [backup_ignored, backup_drops_slowest_speeds, backup_one_too_many, backup_mean_worker],
 }
 
 HINT_WORDS = {
@@ -157,6 +176,12 @@ HINT_WORDS = {
     bytes_whole_gradient: "its own keys' share",
     staleness_including_itself: "one too large",
     staleness_from_first_read: "*latest* read",
+    staleness_counting_events: "reads included",
+    staleness_counting_reads: "other workers' reads",
+    backup_ignored: "waits for all W workers",
+    backup_drops_slowest_speeds: "slowest *speeds*",
+    backup_one_too_many: "one backup too many",
+    backup_mean_worker: "at least W − b",
     bsp_mean_worker: "expected *maximum*",
     bsp_max_of_means: "max of the expectations",
     bsp_no_stragglers: "stragglers are missing",
@@ -217,8 +242,20 @@ def may_start_against_each(clocks, worker, bound):
     return all(clocks[worker] - c <= bound for c in clocks)
 
 
+# 4.7: every straggler pattern, the (W − b)-th smallest time of each.
+def backup_by_enumeration(seconds, speeds, straggle_prob, straggle_factor, backups):
+    total = 0.0
+    for pattern in range(2 ** len(speeds)):
+        hit = [(pattern >> w) & 1 for w in range(len(speeds))]
+        p = np.prod([straggle_prob if h else 1 - straggle_prob for h in hit])
+        times = sorted(seconds * s * (straggle_factor if h else 1) for s, h in zip(speeds, hit))
+        total += p * times[len(speeds) - backups - 1]
+    return total
+
+
 RIGHT = {SPARSE_STEP: [step_in_a_loop], CONFLICT: [conflict_as_a_product],
-         "4.3": [bsp_by_enumeration], "4.4": [may_start_against_each]}
+         "4.3": [bsp_by_enumeration], "4.4": [may_start_against_each],
+         BACKUP: [backup_by_enumeration]}
 
 
 # --- the contract every week keeps -------------------------------------------------------------
@@ -297,3 +334,24 @@ def test_examples_in_the_statements_hold():
     assert w.tolist() == [0.0, 0.25, 0.0, -0.5]
     assert math.isclose(solution.conflict_probability(10, 2), 17 / 45)
     assert solution.conflict_probability(10, 6) == 1.0
+    assert solution.backup_expected_step(1.0, [1.0, 2.0, 3.0], 0.0, 5.0, 1) == 2.0
+
+
+def test_backup_cases_include_bsp_and_a_single_survivor():
+    assert any(b == 0 for *_, b in BACKUP_CASES)
+    assert any(b == len(speeds) - 1 for _, speeds, _, _, b in BACKUP_CASES)
+    assert any(p == 0 for _, _, p, _, _ in BACKUP_CASES)
+
+
+def test_the_first_backup_case_tells_the_mistakes_apart():
+    case = BACKUP_CASES[0]
+    answers = [f(*case) for f in (solution.backup_expected_step, backup_ignored,
+                                   backup_drops_slowest_speeds, backup_one_too_many,
+                                   backup_mean_worker)]
+    assert len({round(a, 9) for a in answers}) == len(answers)
+
+
+def test_backup_with_no_backups_is_the_synchronous_step():
+    for seconds, speeds, p, factor, _ in BACKUP_CASES:
+        assert math.isclose(solution.backup_expected_step(seconds, speeds, p, factor, 0),
+                            solution.bsp_expected_step(seconds, speeds, p, factor), rel_tol=1e-12)

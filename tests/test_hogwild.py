@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from dsml.comm.shared import SharedArrays, WorkerError, WorkerTimeout, run_workers
-from dsml.hogwild import (HogwildResult, SparseProblem, problem_loss, run_hogwild,
-                          sample_order, serial_sgd, sparse_least_squares, sparse_sgd_step)
+from dsml.hogwild import (HogwildResult, SparseProblem, atomic_sgd_step, problem_loss,
+                          run_hogwild, sample_order, serial_sgd, sparse_least_squares,
+                          sparse_sgd_step)
 from leaks import HAVE_DEV_SHM, nothing_left_behind, our_segments  # noqa: F401
 
 SEED = 7
@@ -96,6 +97,33 @@ def test_step_is_the_gradient_step_on_the_example_only():
         set(PROBLEM.idx[i])
 
 
+def test_per_coordinate_adds_take_the_same_step_bit_for_bit():
+    rng = np.random.default_rng(SEED)
+    state = np.column_stack([rng.standard_normal(PROBLEM.d), rng.integers(0, 5, PROBLEM.d)])
+    other = state.copy()
+    for i in (3, 17, 17, 250):
+        assert sparse_sgd_step(state, PROBLEM, i, 0.3) == 0       # nobody wrote meanwhile
+        assert atomic_sgd_step(other, PROBLEM, i, 0.3) == 0
+    assert np.array_equal(state, other)
+
+
+class WritesBetween(np.ndarray):
+    """A state array that, the second time a step reads its counters, lands another worker's
+    update on `rows` first — a concurrent write between the step's read and its write."""
+    def __getitem__(self, key):
+        self.reads = getattr(self, "reads", 0) + 1
+        if self.reads == 2:
+            np.asarray(self)[self.rows, 1] += 1
+        return np.asarray(super().__getitem__(key))
+
+
+@pytest.mark.parametrize("step", [sparse_sgd_step, atomic_sgd_step])
+def test_a_write_between_a_step_s_read_and_its_write_counts_as_stale_reads(step):
+    state = np.zeros((PROBLEM.d, 2)).view(WritesBetween)
+    state.rows = PROBLEM.idx[5][:2]                 # two of example 5's coordinates
+    assert step(state, PROBLEM, 5, 0.3) == 2
+
+
 def test_sample_order_is_seeded_per_worker_and_epoch_by_epoch():
     order = list(sample_order(10, 25, SEED, 0))
     assert len(order) == 25
@@ -137,6 +165,19 @@ def test_several_workers_learn_and_account_for_every_step(workers, lock):
     assert result.seconds > 0 and result.updates_per_second == result.steps / result.seconds
     assert result.loss == problem_loss(PROBLEM, result.params)
     assert result.loss < 3 * NOISE_FLOOR, result.loss          # it learned, races and all
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_per_coordinate_adds_on_processes(lock):
+    one = run_hogwild(PROBLEM, 1, 3000, LR, seed=SEED, step=atomic_sgd_step, timeout=TIMEOUT)
+    assert np.array_equal(one.params, serial_sgd(PROBLEM, 3000, LR, seed=SEED)[:, 0])
+    assert one.lost_updates == one.stale_reads == 0
+    two = run_hogwild(PROBLEM, 2, 3000, LR, lock=lock, seed=SEED, step=atomic_sgd_step,
+                      timeout=TIMEOUT)
+    assert 0 <= two.stale_reads <= two.coordinate_updates and 0 <= two.stale_fraction <= 1
+    if lock:                          # read and write under one lock: nothing in between
+        assert two.lost_updates == two.stale_reads == 0
+    assert two.loss < 3 * NOISE_FLOOR
 
 
 def test_loss_curve_runs_from_the_start_to_the_end():

@@ -13,8 +13,11 @@ import dsml
 from dsml import RankError
 from dsml.comm.api import SizeOnly
 from dsml.data_parallel import flatten, train_single
+from dsml.collectives import allreduce
+from dsml.hogwild import sparse_least_squares
 from dsml.param_server import (PUSH, REPLY, check_bound, key_ranges, parameter_server,
-                               params_at, ps_exchange, worker_speeds)
+                               clocks_seen, params_at, ps_exchange, push_order,
+                               sparse_parameter_server, ssp_with_cache, worker_speeds)
 from dsml.sim import DeadlockError
 from dsml.train import MLP, gaussian_mixture, make_optimizer
 from leaks import nothing_left_behind  # noqa: F401
@@ -69,6 +72,109 @@ def test_synchronous_is_sgd_on_the_union_of_the_batches(workers, servers):
                        flatten(reference.params)[0], rtol=1e-12, atol=1e-14)
     for log in result.values[:servers]:
         assert all(u.staleness == 0 for u in log["updates"])
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_backup_workers_go_on_without_a_slow_worker_and_drop_its_gradients(servers):
+    # Worker 3 is ten times slower: with one backup every step is the mean of workers 0-2's,
+    # SGD on the union of their batches, and every gradient of worker 3 arrives too late.
+    steps, workers = 5, 4
+    result = run_ps(servers + workers, servers, mode="bsp", steps=steps, backups=1,
+                    seconds_per_step=1e-3, speeds=[1, 1.2, 1.1, 10])
+    picks = [batches_of(w, steps, 3) for w in range(3)]
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y,
+                 [np.concatenate([picks[w][t] for w in range(3)]) for t in range(steps)])
+    assert np.allclose(params_at(result.values[:servers], math.inf),
+                       flatten(reference.params)[0], rtol=1e-12, atol=1e-14)
+    for log in result.values[:servers]:
+        assert {u.worker for u in log["updates"]} == {servers, servers + 1, servers + 2}
+        assert [w for w, _, _ in log["dropped"]] == [servers + 3] * steps
+
+
+def check_backup_log(log, workers, backups, steps):
+    by_step = {}
+    for u in log["updates"]:
+        by_step.setdefault(u.step, []).append(u.worker)
+    assert sorted(by_step) == list(range(1, steps + 1))
+    assert all(len(set(w)) == len(w) == workers - backups for w in by_step.values())
+    assert len(log["updates"]) + len(log["dropped"]) == workers * steps   # every push, once
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_backup_workers_apply_exactly_w_minus_b_gradients_a_step(seed):
+    speeds = worker_speeds(6, spread=0.5, seed=seed)
+    result = run_ps(7, 1, mode="bsp", steps=8, backups=2, seed=seed, seconds_per_step=1e-3,
+                    speeds=speeds, straggle_prob=0.2, straggle_factor=10)
+    check_backup_log(result.values[0], 6, 2, 8)
+
+
+def test_backup_workers_on_threads(nothing_left_behind):
+    result = run_ps(5, 1, engine="threads", mode="bsp", steps=6, backups=1,
+                    seconds_per_step=2e-3, speeds=[1, 1, 1, 4])
+    check_backup_log(result.values[0], 4, 1, 6)
+
+
+@pytest.mark.parametrize("backups", [-1, 4, 1.5])
+def test_backups_must_leave_at_least_one_worker(backups):
+    with pytest.raises(RankError, match=r"backups must be an integer in 0..3 \(fewer than the 4 "
+                                        r"workers\), got"):
+        run_ps(5, 1, mode="bsp", backups=backups)
+
+
+def run_cached(world, engine="sim", **kwargs):
+    kwargs = {"steps": 6, "lr": 0.1, "batch": BATCH, "seed": 3, "bound": 1, **kwargs}
+    options = dict(network=NET) if engine == "sim" else dict(engine=engine, timeout=60)
+    return dsml.run(ssp_with_cache, world, args=(model(), X, Y), kwargs=kwargs, **options)
+
+
+@pytest.mark.parametrize("bound", [0, 2, math.inf])
+def test_one_worker_with_a_cache_is_plain_sgd_bit_for_bit(bound):
+    result = run_cached(2, steps=10, bound=bound)
+    reference = model()
+    train_single(reference, make_optimizer("sgd", 0.1), X, Y, batches_of(0, 10, 3))
+    assert np.array_equal(params_at(result.values[:1], math.inf), flatten(reference.params)[0])
+    pulls = [pulled for _, _, pulled in result.values[1]]
+    # alone, its clock is the slowest: it pulls every bound + 1 steps after the first (∞: never)
+    assert pulls == [bound != math.inf and c > 0 and c % (bound + 1) == 0 for c in range(10)]
+
+
+def check_cached_guarantee(result, bound):
+    workers = range(1, len(result.values))
+    for rank in workers:
+        for c, version, _ in result.values[rank]:
+            seen = clocks_seen(result.values[0]["updates"], version, workers)
+            assert all(seen[u] >= c - bound for u in workers if u != rank), (rank, c, seen)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_a_cached_worker_never_computes_on_values_older_than_the_bound(seed, bound):
+    speeds = worker_speeds(4, spread=0.6, seed=seed)
+    result = run_cached(5, steps=12, bound=bound, seed=seed, seconds_per_step=1e-3,
+                        speeds=speeds, straggle_prob=0.2, straggle_factor=8)
+    check_cached_guarantee(result, bound)
+    assert len(result.values[0]["updates"]) == 4 * 12
+
+
+def test_the_guarantee_check_catches_a_cache_one_clock_too_old():
+    speeds = [1, 1, 1, 8]                     # one slow worker: the bound binds
+    result = run_cached(5, steps=10, bound=1, seconds_per_step=1e-3, speeds=speeds)
+    check_cached_guarantee(result, 1)
+    with pytest.raises(AssertionError):
+        check_cached_guarantee(result, 0)     # the same run does not meet a tighter bound
+
+
+def test_ssp_with_a_cache_on_threads(nothing_left_behind):
+    result = run_cached(4, engine="threads", steps=8, bound=1, seconds_per_step=1e-3,
+                        speeds=[1, 1, 3])
+    check_cached_guarantee(result, 1)
+    assert len(result.values[0]["updates"]) == 3 * 8
+
+
+def test_ssp_with_a_cache_needs_a_worker():
+    with pytest.raises(RankError, match=r"need a server and at least one worker, got world size 1"):
+        run_cached(1)
 
 
 def test_every_gradient_is_applied_once_and_staleness_is_counted_from_events():
@@ -238,6 +344,98 @@ def test_ps_exchange_moves_w_times_the_shard_into_each_server():
     result = dsml.run(ps_exchange, 3 + 4, network=NET, args=(3, 1001))
     inbound = [sum(r.nbytes for r in result.trace.of_rank(s) if r.op == "recv") for s in range(3)]
     assert inbound == [4 * 334, 4 * 334, 4 * 333]
+
+
+BIG = dsml.net.AlphaBeta(1e-6, 1e-9)        # bandwidth-bound: 1 MB takes 1 ms, α is small
+
+
+def port_bytes(result, ranks, op):
+    return [sum(r.nbytes for r in result.trace.of_rank(q) if r.op == op) for q in ranks]
+
+
+def test_push_order_naive_starts_everyone_at_server_0_staggered_at_their_own():
+    assert [push_order(w, 4, False) for w in range(3)] == [[0, 1, 2, 3]] * 3
+    assert [push_order(w, 3, True) for w in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1],
+                                                           [0, 1, 2]]
+
+
+@pytest.mark.parametrize("workers", [3, 5, 8])
+def test_a_dedicated_worker_sends_n_and_a_co_located_one_2_w_minus_1_over_w_n(workers):
+    n = 12_000
+    dedicated = dsml.run(ps_exchange, 2 * workers, network=BIG, args=(workers, n),
+                         kwargs=dict(staggered=True))
+    colocated = dsml.run(ps_exchange, workers, network=BIG, args=(workers, n),
+                         kwargs=dict(staggered=True, colocated=True))
+    assert port_bytes(dedicated, range(workers, 2 * workers), "send") == [n] * workers
+    assert port_bytes(dedicated, range(workers, 2 * workers), "recv") == [n] * workers
+    shards = [b - a for a, b in key_ranges(n, workers)]
+    assert port_bytes(colocated, range(workers), "send") == [2 * (n - s) for s in shards]
+
+
+@pytest.mark.parametrize("workers", [4, 7, 16])
+def test_staggered_dedicated_servers_reach_n_beta_and_co_located_ones_the_ring(workers):
+    n = 1_000_000
+    n_beta = n * BIG.beta
+
+    def ring(comm):
+        yield from allreduce(comm, SizeOnly(n), algorithm="ring")
+    ring_time = dsml.run(ring, workers, network=BIG, trace=False).time
+    time = {(colocated, staggered): dsml.run(
+        ps_exchange, workers if colocated else 2 * workers, network=BIG, trace=False,
+        args=(workers, n), kwargs=dict(staggered=staggered, colocated=colocated)).time
+        for colocated in (False, True) for staggered in (False, True)}
+    assert n_beta <= time[False, True] <= 1.02 * n_beta * (1 + 1 / workers)
+    assert time[False, True] < ring_time     # (W + 1)/W · nβ against 2(W − 1)/W · nβ
+    assert abs(time[True, True] / ring_time - 1) < 0.02
+    assert time[False, False] > 1.5 * time[False, True]       # everyone at server 0 first
+    assert time[True, False] > 1.5 * time[True, True]
+
+
+@pytest.mark.parametrize("engine", ["threads"])
+@pytest.mark.parametrize("colocated", [False, True])
+def test_every_layout_completes_on_a_real_engine(engine, colocated, nothing_left_behind):
+    world = 4 if colocated else 8
+    result = dsml.run(ps_exchange, world, engine=engine, args=(4, 1000),
+                      kwargs=dict(staggered=True, colocated=colocated), timeout=60)
+    assert len(result.values) == world
+
+
+def test_co_located_needs_a_server_on_every_rank():
+    with pytest.raises(RankError, match=r"servers must equal the world size 4, got servers=2"):
+        dsml.run(ps_exchange, 4, network=NET, args=(2, 100), kwargs=dict(colocated=True))
+    with pytest.raises(RankError, match=r"need 1 ≤ servers < world size 4, got servers=4"):
+        dsml.run(ps_exchange, 4, network=NET, args=(4, 100))
+
+
+SPARSE = sparse_least_squares(300, 2000, 5, noise=0.1, seed=4)
+
+
+@pytest.mark.parametrize("engine", ["sim", "threads"])
+def test_sparse_push_and_pull_take_the_same_sgd_steps_as_dense_with_one_worker(engine):
+    def run(sparse):
+        options = dict(network=NET) if engine == "sim" else dict(engine=engine, timeout=60)
+        return dsml.run(sparse_parameter_server, 2, args=(SPARSE, 30, 1.0, 4),
+                        kwargs=dict(sparse=sparse, seed=1), **options).values[0]
+    dense, sparse = run(False), run(True)
+    assert np.array_equal(dense, sparse) and np.any(dense != 0)
+
+
+def test_sparse_push_and_pull_send_four_numbers_per_touched_key():
+    result = dsml.run(sparse_parameter_server, 3, network=NET, args=(SPARSE, 10, 1.0, 4),
+                      kwargs=dict(sparse=True, seed=2))
+    rng = [np.random.default_rng([2, w]) for w in (1, 2)]
+    touched = sum(len(np.unique(SPARSE.idx[r.choice(SPARSE.n, size=4, replace=False)]))
+                  for r in rng for _ in range(10))
+    values = sum(r.nbytes for r in result.trace.records if r.op == "send")
+    headers = 40 * 4 * 8                         # four messages a step, a few scalars each at most
+    assert 4 * 8 * touched <= values <= 4 * 8 * touched + headers
+
+
+def test_sparse_parameter_server_names_a_bad_batch_or_step_count():
+    with pytest.raises(RankError, match=r"batch must be in 1..300 \(the examples\), got 0"):
+        dsml.run(sparse_parameter_server, 2, network=NET, args=(SPARSE, 3, 1.0, 0))
+    with pytest.raises(RankError, match=r"steps must be an integer ≥ 1, got 0"):
+        dsml.run(sparse_parameter_server, 2, network=NET, args=(SPARSE, 0, 1.0, 4))
 
 
 # --- a worker that dies (failures="notify") -----------------------------------------------------

@@ -47,6 +47,7 @@ def on_rank_failure(self, process, error) -> bool:
     return True
 
 
+# -- cell 6
 def _nothing(_=None) -> None:
     """The notice's `on_sent`: a dead rank has nothing to resume."""
 

@@ -5,7 +5,8 @@ the notebook and raises `Wrong` with a hint that says what was tried, what was e
 what came back and what to reconsider. The bytes into the busiest server are measured on the
 simulator (section 2's `ps_exchange`, read from the trace); staleness from a log, the expected
 synchronous step with stragglers and the SSP admission rule are held against exact references
-(4.1–4.4). The sparse logistic step is held against the same step
+(4.1–4.4), and so is the expected step with backup workers (4.7, the (W − b)-th fastest
+finish). The sparse logistic step is held against the same step
 computed on dense vectors (the gradient of the log-loss on a copy of w: every coordinate, so
 that an untouched one that moved shows); the conflict probability against the exact count of
 pairs of k-subsets that share nothing, C(d − k, k) / C(d, k), and, in the hint of a wrong
@@ -33,6 +34,7 @@ from dsml.param_server import ps_exchange
 
 SPARSE_STEP = "4.5"     # the sparse SGD step of logistic regression (section 5)
 CONFLICT = "4.6"        # the probability that two sparse examples conflict (section 5)
+BACKUP = "4.7"          # the expected step with backup workers (section 3)
 
 
 # --- the sparse SGD step --------------------------------------------------------------------
@@ -192,7 +194,9 @@ def check_busiest_server_bytes(busiest_server_bytes):
         elif math.isclose(got, expected / workers):
             advice = "That is one worker's push; every worker pushes to every server each step."
         else:
-            advice = "Each of the W workers sends each server that server's share of the n bytes."
+            advice = ("Follow one server through a step: which ranks send to it, and how much "
+                      "of the n bytes does each of them send it? Then take the server that owns "
+                      "the most keys.")
         raise Wrong(f"{call} returned {got:g}; the simulator measured {expected} B into the "
                     f"busiest server. {advice}")
     return "matches the bytes the simulator measured, shards even and uneven"
@@ -204,6 +208,41 @@ def staleness_reference(events) -> list:
     for kind, worker in events:
         if kind == "read":
             read_at[worker] = applied
+        else:
+            out.append(applied - read_at[worker])
+            applied += 1
+    return out
+
+
+def staleness_counting_events(events) -> list:
+    """A mistake: every event (reads too) since the worker's latest read."""
+    read_at, out = {}, []
+    for position, (kind, worker) in enumerate(events):
+        if kind == "read":
+            read_at[worker] = position
+        else:
+            out.append(position - read_at[worker] - 1)
+    return out
+
+
+def staleness_counting_reads(events) -> list:
+    """A mistake: the other workers' reads since the worker's latest read."""
+    reads, read_at, out = 0, {}, []
+    for kind, worker in events:
+        if kind == "read":
+            read_at[worker] = reads
+            reads += 1
+        else:
+            out.append(reads - read_at[worker] - 1)
+    return out
+
+
+def staleness_from_first_read(events) -> list:
+    """A mistake: the applies since the worker's first read, never refreshed."""
+    applied, read_at, out = 0, {}, []
+    for kind, worker in events:
+        if kind == "read":
+            read_at.setdefault(worker, applied)
         else:
             out.append(applied - read_at[worker])
             applied += 1
@@ -251,7 +290,13 @@ def check_staleness_from_log(staleness_from_log):
         if np.all(diff == 1):
             advice = ("Every value is one too large: a worker's own apply is not stale — count "
                       "the applies *before* it since the read, not including it.")
-        elif np.all(diff >= 0) and np.any(diff > 0):
+        elif got == staleness_counting_events(events):
+            advice = ("These count every event since the worker's read, reads included. A read "
+                      "changes no parameter; only applies make what the worker read out of date.")
+        elif got == staleness_counting_reads(events):
+            advice = ("These count the other workers' reads since this worker's read. A read "
+                      "changes no parameter; staleness counts the updates applied meanwhile.")
+        elif got == staleness_from_first_read(events):
             advice = ("Some values are too large: count from the worker's *latest* read, not its "
                       "first — every answer it got refreshed its parameters.")
         else:
@@ -338,3 +383,61 @@ def check_may_start(may_start):
         raise Wrong(f"{call} returned {got}, expected {expected}: the worker is {ahead} clock(s) "
                     f"ahead of the slowest. {advice}")
     return "admits exactly the workers at most s clocks ahead of the slowest"
+
+
+# --- backup workers (section 3) ---------------------------------------------------------------
+
+def backup_step_reference(seconds, speeds, straggle_prob, straggle_factor, backups) -> float:
+    """E[the (W − b)-th smallest of the workers' step times], exactly: at each value x a step
+    can take, P(at least W − b workers done by x) from the distribution of how many are done."""
+    needed = len(speeds) - backups
+    values = sorted({seconds * s * f for s in speeds for f in (1.0, straggle_factor)})
+    expected, below = 0.0, 0.0
+    for x in values:
+        done = [1.0]                              # done[j] = P(exactly j workers done by x)
+        for s in speeds:
+            q = (1 - straggle_prob) * (seconds * s <= x) + straggle_prob * (seconds * s * straggle_factor <= x)
+            done = [a * (1 - q) + b * q for a, b in zip(done + [0.0], [0.0] + done)]
+        cdf = sum(done[needed:])
+        expected += x * (cdf - below)
+        below = cdf
+    return expected
+
+
+# (seconds, speeds, straggle_prob, straggle_factor, backups): the first tells the plausible
+# mistakes apart; then many equal workers, no stragglers, b = 0 (BSP), and b = W − 1.
+BACKUP_CASES = [(1.0, [1.0, 1.2, 1.5, 2.0], 0.2, 5.0, 1), (2e-3, [1.0] * 8, 0.05, 20.0, 2),
+                (0.5, [1.0, 3.0, 1.1], 0.0, 4.0, 1), (1.0, [1.0, 1.0], 0.5, 3.0, 0),
+                (1.0, [2.0, 1.0, 1.5, 1.2, 1.1], 0.3, 6.0, 4)]
+
+
+@checker(BACKUP, "the expected step with backup workers")
+def check_backup_expected_step(backup_expected_step):
+    for seconds, speeds, p, factor, backups in BACKUP_CASES:
+        expected = backup_step_reference(seconds, speeds, p, factor, backups)
+        call = (f"backup_expected_step({seconds:g}, {speeds}, straggle_prob={p}, "
+                f"straggle_factor={factor}, backups={backups})")
+        got = as_float(backup_expected_step(seconds, list(speeds), p, factor, backups), call)
+        if math.isclose(got, expected, rel_tol=1e-9):
+            continue
+        fastest = sorted(speeds)[:len(speeds) - backups]
+        if backups and math.isclose(got, bsp_step_reference(seconds, speeds, p, factor), rel_tol=1e-9):
+            advice = ("That is the step that waits for all W workers — as if there were no "
+                      "backups (or one backup too few). With b backups it ends when the first "
+                      "W − b are done.")
+        elif backups and math.isclose(got, bsp_step_reference(seconds, fastest, p, factor), rel_tol=1e-9):
+            advice = ("That drops the b workers with the slowest *speeds* before the step starts. "
+                      "Which workers come last is decided by this step's delays: a fast worker "
+                      "that straggles is dropped instead.")
+        elif any(0 <= backups + d < len(speeds) and math.isclose(
+                got, backup_step_reference(seconds, speeds, p, factor, backups + d), rel_tol=1e-9)
+                for d in (-1, 1)):
+            advice = ("That is the expected step with one backup too many or too few: with b "
+                      "backups the step ends at the (W − b)-th worker to finish, counting from "
+                      "the fastest.")
+        else:
+            advice = ("For each time x a step can take, how likely is it that at least W − b "
+                      "workers are done by x? Those probabilities give the expectation, as in "
+                      "exercise 4.3.")
+        raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g}. {advice}")
+    return "E[(W − b)-th fastest finish], exactly, from b = 0 (BSP) to b = W − 1"
