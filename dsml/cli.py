@@ -40,7 +40,7 @@
                 [--top 10] [--zero Z] [--micro-batch b] [--recompute R] [--precision P]
                 [--schedule S]
         every layout dp·tp·pp = N (dsml.memory.search_layouts): how many fit, and the fastest
-        that fit, with their bytes per rank and the step-time proxy's seconds and MFU.
+        that fit, with their bytes per rank and the step model's seconds and MFU.
 
 With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
 allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
