@@ -975,7 +975,8 @@ def main(argv=None) -> int:
                      help="activation recomputation: none (default), selective or full")
     lay.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism (with tp > 1)")
-    lay.add_argument("--precision", default="mixed", help="mixed (default) or fp32")
+    lay.add_argument("--precision", default="mixed",
+                     help="mixed (fp16, default), bf16 (the same bytes) or fp32")
     lay.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b (default) "
                                                         "or gpipe")
     lay.add_argument("--devices", type=int, default=None,

@@ -431,8 +431,11 @@ class BytesPerParameter:
 
 
 PRECISIONS = {
-    # 16-bit weights and gradients; fp32 master weights, Adam momentum and variance (ZeRO's K = 12)
+    # fp16 weights and gradients; fp32 master weights, Adam momentum and variance (ZeRO's K = 12);
+    # fp16's 5 exponent bits need a loss scale so that small gradients do not flush to zero
     "mixed": BytesPerParameter(params=2, grads=2, optimizer=12),
+    # bf16 keeps fp32's 8 exponent bits (7 of mantissa): no loss scale, the same bytes
+    "bf16": BytesPerParameter(params=2, grads=2, optimizer=12),
     # fp32 weights and gradients; Adam momentum and variance
     "fp32": BytesPerParameter(params=4, grads=4, optimizer=8),
 }
@@ -558,7 +561,8 @@ class Layout:
     microbatches        micro-batches per step per pipeline, m (global batch = dp·b·m)
     recompute           "none", "selective" or "full" activation recomputation
     sequence_parallel   Megatron's sequence parallelism (changes nothing when tp = 1)
-    precision           "mixed" (16-bit weights and activations, fp32 Adam) or "fp32"
+    precision           "mixed" (fp16 weights and activations with a loss scale, fp32 Adam),
+                        "bf16" (the same bytes, no loss scale) or "fp32"
     schedule            pipeline schedule, "1f1b" or "gpipe" (micro-batches in flight)
     chunks              v, model chunks per pipeline stage: v > 1 is Megatron-LM's interleaved
                         1F1B schedule (needs pp > 1, schedule "1f1b", layers/pp divisible by v

@@ -260,7 +260,7 @@ SEARCH = ["--search", "--devices", 8, "--global-batch", 64, "--device-memory", 8
     (["--model", "gpt2", "--dp", 0], "dp must be an integer ≥ 1, got 0"),
     (["--model", "gpt2", "--schedule", "zb"], "schedule must be one of '1f1b', 'gpipe'"),
     (["--model", "gpt2", "--recompute", "some"], "recompute must be one of 'none'"),
-    (["--model", "gpt2", "--precision", "fp16"], "precision must be one of 'mixed', 'fp32'"),
+    (["--model", "gpt2", "--precision", "fp16"], "precision must be one of 'mixed', 'bf16', 'fp32'"),
     (["--model", "gpt2", "--zero", 4], "zero must be 0, 1, 2 or 3, got 4"),
     (["--model", "gpt2", "--dp", 2, "--pp", 2, "--zero", 2, "--microbatches", 4],
      ("zero=2 with pp=2 is refused", "DeepSpeed refuses ZeRO-2/3 with pipeline parallelism")),

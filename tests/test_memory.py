@@ -660,3 +660,13 @@ def test_interleaved_inflight_against_the_schedule(pp, m, v):
             held += 1 if op.kind == "F" else -1
             peak = max(peak, held)
         assert inflight_microbatches(pp, stage, m, chunks=v) == pytest.approx(peak / v)
+
+
+def test_bf16_holds_the_bytes_of_fp16_mixed_precision():
+    """bf16 drops the loss scale, not bytes: 2 + 2 + 12 per parameter, 16-bit activations."""
+    c = preset("llama2-7b")
+    for layout in (Layout(dp=8, zero=1, micro_batch=2), Layout(tp=2, pp=2, microbatches=4)):
+        fp16 = memory_per_rank(c, layout)
+        bf16 = memory_per_rank(c, Layout(**{**layout.__dict__, "precision": "bf16"}))
+        assert bf16 == fp16
+    assert zero_model_state_bytes(1000, 1, 0, "bf16").total == 16 * 1000
