@@ -128,6 +128,7 @@ def check_block_shape(hidden: int, heads: int) -> None:
                          f"hidden/heads columns of Q, K and V")
 
 
+# -- cell 15
 class TransformerBlock:
     """One pre-LayerNorm GPT-2 block with explicit forward and backward passes:
 
