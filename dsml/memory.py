@@ -4,7 +4,7 @@
 from dsml.zero import zero_memory_formula
 
 
-# -- cell 150
+# -- cell 151
 import numbers
 from dataclasses import dataclass
 
@@ -27,7 +27,7 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-# -- cell 151
+# -- cell 152
 @dataclass(frozen=True)
 class TransformerConfig:
     """The shapes of a decoder-only transformer, GPT-style or Llama-style.
@@ -149,7 +149,7 @@ class TransformerConfig:
         return sum(self.breakdown().values())
 
 
-# -- cell 152
+# -- cell 153
 def narayanan_params(config: TransformerConfig) -> float:
     """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
     P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
@@ -157,7 +157,7 @@ def narayanan_params(config: TransformerConfig) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-# -- cell 154
+# -- cell 155
 PRESETS = {
     "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
     "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
@@ -179,7 +179,7 @@ def preset(name: str) -> TransformerConfig:
     return PRESETS[name]
 
 
-# -- cell 159
+# -- cell 160
 import numpy as np
 
 
@@ -223,7 +223,7 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# -- cell 160
+# -- cell 161
 def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
                       max_bytes: float = 2**30) -> dict[str, np.ndarray]:
     """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
@@ -262,7 +262,7 @@ def _rotary(x: np.ndarray) -> np.ndarray:
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
-# -- cell 161
+# -- cell 162
 def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
                   tokens) -> np.ndarray:
     """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
@@ -318,7 +318,7 @@ def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
     return x @ head
 
 
-# -- cell 163
+# -- cell 164
 COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
 ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
 
@@ -346,7 +346,7 @@ def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.nda
     return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
 
 
-# -- cell 164
+# -- cell 165
 def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
                       tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
     """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
@@ -391,7 +391,7 @@ def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], 
     return held
 
 
-# -- cell 166
+# -- cell 167
 def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
     """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
     column-parallel biases split t ways, row-parallel biases and norms whole."""
@@ -426,7 +426,7 @@ def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: 
     return count
 
 
-# -- cell 168
+# -- cell 169
 @dataclass(frozen=True)
 class BytesPerParameter:
     """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
@@ -466,7 +466,7 @@ class MemoryBreakdown:
         return {part: getattr(self, part) / GB for part in parts}
 
 
-# -- cell 169
+# -- cell 170
 def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
                            precision: str = "mixed") -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
@@ -497,7 +497,7 @@ def zero_model_states(n_params: float, dp: int, stage: int) -> float:
     return zero_model_state_bytes(n_params, dp, stage).total
 
 
-# -- cell 171
+# -- cell 172
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -553,11 +553,38 @@ def inflight_microbatches(pp: int, stage: int, microbatches: int,
     return min(chunk_forwards, microbatches * chunks) / chunks
 
 
-# -- cell 173
+# -- cell 174
 DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
 
 
-# -- cell 174
+def _check_layout(layout) -> None:
+    """Layout's argument checks: a ValueError naming the field, its value and the rule."""
+    for field_name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
+        _check_count(field_name, getattr(layout, field_name))
+    if layout.zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {layout.zero!r}")
+    _check_choice("recompute", layout.recompute, RECOMPUTE)
+    _check_choice("precision", layout.precision, tuple(PRECISIONS))
+    _check_choice("schedule", layout.schedule, SCHEDULES)
+    if layout.zero >= 2 and layout.pp > 1:
+        raise ValueError(
+            f"zero={layout.zero} with pp={layout.pp} is refused: ZeRO-{layout.zero} shards "
+            f"the gradients, but each pipeline stage accumulates them over m micro-batches, so "
+            f"every micro-batch would have to reduce-scatter them"
+            + (" and re-gather the weights" if layout.zero == 3 else "")
+            + " (DeepSpeed refuses ZeRO-2/3 with pipeline parallelism); use zero ≤ 1 with "
+              "pp > 1")
+    if layout.chunks > 1:
+        if layout.pp == 1 or layout.schedule != "1f1b":
+            raise ValueError(f"chunks={layout.chunks} (the interleaved schedule) needs pp > 1 "
+                             f"and schedule '1f1b', got pp={layout.pp}, "
+                             f"schedule={layout.schedule!r}")
+        if layout.microbatches % layout.pp:
+            raise ValueError(f"the interleaved schedule needs microbatches a multiple of "
+                             f"pp={layout.pp}, got {layout.microbatches}")
+
+
+# -- cell 175
 @dataclass(frozen=True)
 class Layout:
     """How a model is trained on dp × tp × pp devices.
@@ -593,28 +620,7 @@ class Layout:
     chunks: int = 1
 
     def __post_init__(self):
-        for field_name in ("dp", "tp", "pp", "micro_batch", "microbatches", "chunks"):
-            _check_count(field_name, getattr(self, field_name))
-        if self.zero not in (0, 1, 2, 3):
-            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        _check_choice("recompute", self.recompute, RECOMPUTE)
-        _check_choice("precision", self.precision, tuple(PRECISIONS))
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        if self.zero >= 2 and self.pp > 1:
-            raise ValueError(
-                f"zero={self.zero} with pp={self.pp} is refused: ZeRO-{self.zero} shards the "
-                f"gradients, but each pipeline stage accumulates them over m micro-batches, so "
-                f"every micro-batch would have to reduce-scatter them"
-                + (" and re-gather the weights" if self.zero == 3 else "")
-                + " (DeepSpeed refuses ZeRO-2/3 with pipeline parallelism); use zero ≤ 1 with pp > 1")
-        if self.chunks > 1:
-            if self.pp == 1 or self.schedule != "1f1b":
-                raise ValueError(f"chunks={self.chunks} (the interleaved schedule) needs pp > 1 "
-                                 f"and schedule '1f1b', got pp={self.pp}, "
-                                 f"schedule={self.schedule!r}")
-            if self.microbatches % self.pp:
-                raise ValueError(f"the interleaved schedule needs microbatches a multiple of "
-                                 f"pp={self.pp}, got {self.microbatches}")
+        _check_layout(self)
 
     @property
     def devices(self) -> int:
@@ -635,7 +641,7 @@ class Layout:
                 + "".join(f", {extra}" for extra in extras))
 
 
-# -- cell 175
+# -- cell 176
 def check_chunks(config: TransformerConfig, layout: Layout) -> None:
     """Raise ValueError unless the layout splits the config: `check_split`, and v = chunks
     dividing each stage's layers/pp blocks."""
@@ -688,7 +694,7 @@ def memory_per_rank(config: TransformerConfig, layout: Layout,
     return max(stages, key=lambda breakdown: breakdown.total)
 
 
-# -- cell 177
+# -- cell 178
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -722,7 +728,7 @@ def training_flops(config: TransformerConfig, sequences: int, recompute: str = "
     return sequences * (3 * forward + extra)
 
 
-# -- cell 179
+# -- cell 180
 # The step model's constants, each with its source. The peak FLOP/s and the links are week 3's
 # presets (dsml.net.presets: A100 312 TFLOP/s dense fp16/bf16, NVLink 3 and InfiniBand HDR).
 A100_HBM_BANDWIDTH = 2.039e12   # B/s: NVIDIA A100 datasheet (2021), 80 GB SXM4, HBM2e
@@ -772,7 +778,7 @@ def achieved_fraction(rows: int, inner: int, cols: int, batch: int = 1,
     return 2.0 * batch * rows * inner * cols / (seconds * device_flops)
 
 
-# -- cell 180
+# -- cell 181
 def layer_matmuls(config: TransformerConfig, micro_batch: int, tp: int = 1) -> dict:
     """The matrix products of one transformer layer's forward for one micro-batch on one
     tensor-parallel rank, name → (batch, rows, inner, cols): the T = b·s tokens through the
@@ -812,7 +818,7 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
             "activation": (config.mlp_in_matrices + 1) * a * ffn}
 
 
-# -- cell 182
+# -- cell 183
 def ring_seconds(kind: str, nbytes: float, ranks: int, alpha: float, bandwidth: float) -> float:
     """α–β time of a ring collective over `ranks` ranks on `nbytes` (the whole buffer): an
     all-reduce 2(k−1)α + 2(k−1)/k·n/B, a reduce-scatter or all-gather half that; 0 for k = 1."""
@@ -874,7 +880,7 @@ def stage_microbatch_seconds(config: TransformerConfig, layout: Layout, stage: i
     return {"forward": forward, "backward": backward, "tensor": tensor, "pipeline": pipeline}
 
 
-# -- cell 184
+# -- cell 185
 @dataclass(frozen=True)
 class StepEstimate:
     """The step model's seconds per step, by term, and MFU (model FLOPs per second as a
@@ -919,7 +925,7 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
     return m * exposed
 
 
-# -- cell 185
+# -- cell 186
 def estimate_step(config: TransformerConfig, layout: Layout,
                   device_flops: float = DEVICES["a100"].flops,
                   intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
@@ -959,7 +965,8 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     tensor, pipeline = m * slowest["tensor"], m * slowest["pipeline"]
     bubble = (p - 1) / v * per_microbatch
     data = _data_parallel_seconds(config, layout, slowest, hw)
-    psi = max(params_per_rank(config, layout.tp, p, 0), params_per_rank(config, layout.tp, p, p - 1))
+    psi = max(params_per_rank(config, layout.tp, p, 0),
+              params_per_rank(config, layout.tp, p, p - 1))
     optimizer = ADAM_BYTES * psi / (layout.dp if layout.zero >= 1 else 1) / memory_bandwidth
     seconds = compute + tensor + pipeline + bubble + data + optimizer
     model_flops = 3 * forward_flops_per_sequence(config) * layout.global_batch
@@ -967,7 +974,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     return StepEstimate(seconds, compute, bubble, tensor, data, mfu, pipeline, optimizer)
 
 
-# -- cell 187
+# -- cell 188
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout of the search: its memory (the binding rank), its step estimate, and whether
@@ -982,7 +989,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# -- cell 188
+# -- cell 189
 def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
                    recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
@@ -990,9 +997,9 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    **hardware) -> list[LayoutResult]:
     """Every layout dp·tp·pp = devices (tp dividing heads, kv_heads and ffn_hidden; pp dividing
     layers; dp·micro_batch dividing global_batch), for each micro-batch size, ZeRO stage (stages
-    above 0 only with dp > 1, above 1 only with pp = 1), recomputation and, with tp > 1, with and without sequence
-    parallelism; scored by `memory_per_rank` and `estimate_step` (`hardware`: its keyword
-    arguments). Returns those whose bytes fit in device_bytes (all if only_fitting is False),
+    above 0 only with dp > 1, above 1 only with pp = 1), recomputation and, with tp > 1, with
+    and without sequence parallelism; scored by `memory_per_rank` and `estimate_step`
+    (`hardware`: its keyword arguments). Returns those whose bytes fit in device_bytes (all if only_fitting is False),
     fastest first."""
     _check_count("devices", devices)
     _check_count("global_batch", global_batch)
@@ -1037,7 +1044,7 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     return results
 
 
-# -- cell 189
+# -- cell 190
 def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
     higher MFU than every layout that needs less memory."""
@@ -1049,13 +1056,14 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 212
+# -- cell 216
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline
 # size p, GPUs, batch B, achieved TFLOP/s per GPU. The micro-batch b and the chunks per stage v
 # are the authors' own run scripts (NVIDIA/Megatron-LM, examples/academic_paper_scripts/sc21/
-# run_table_1.sh: --micro-batch-size; v = layers per stage / --num-layers-per-virtual-pipeline-stage).
+# run_table_1.sh: --micro-batch-size; v = layers per stage divided by
+# --num-layers-per-virtual-pipeline-stage).
 MEGATRON_TABLE1 = (
     # name     a      h    l  t   p  GPUs     B  TFLOP/s  b  v
     ("1.7B",  24,  2304,  24, 1,  1,   32,  512, 137,   16, 1),

@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsml.memory import (GB, GEMM_EFFICIENCY, KERNEL_SECONDS, PRESETS, Layout,
-                         achieved_fraction, matmul_seconds, megatron_table1, TransformerConfig, activation_bytes_per_layer,
+                         TransformerConfig, achieved_fraction, activation_bytes_per_layer,
+                         matmul_seconds, megatron_table1,
                          build_numpy_model, estimate_step, forward_flops_per_sequence,
                          inflight_microbatches, measured_bytes, memory_per_rank,
                          narayanan_params, numpy_forward, params_per_rank, pareto_frontier,

@@ -61,6 +61,19 @@ def linear_backward(dy, x, weight):
     return dy @ weight.T, rows_x.T @ rows_dy, rows_dy.sum(axis=0)
 
 
+def attention_weights(q, k):
+    """Causal softmax(q·kᵀ/√d) over the keys: q, k (b, heads, s, d) → weights (b, heads, s, s),
+    position i attending to positions ≤ i."""
+    seq, d = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+    future = np.triu(np.ones((seq, seq), dtype=bool), k=1)
+    scores = np.where(future, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)     # exp never overflows
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
+
+
 def causal_attention_forward(qkv, heads: int):
     """Causal multi-head attention (Vaswani et al. 2017; GPT-2's masking) on projected inputs.
 
@@ -76,16 +89,12 @@ def causal_attention_forward(qkv, heads: int):
             .transpose(0, 2, 1, 3)
 
     q, k, v = per_head(0), per_head(1), per_head(2)
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
-    future = np.triu(np.ones((seq, seq), dtype=bool), k=1)
-    scores = np.where(future, -np.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)     # exp never overflows
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)
+    weights = attention_weights(q, k)
     out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, seq, width)
     return out, (q, k, v, weights)
 
 
+# -- cell 14
 def causal_attention_backward(dout, cache):
     """dL/dqkv (b, s, 3·heads·d) of causal_attention_forward, given dL/dout (b, s, heads·d)."""
     q, k, v, weights = cache
@@ -105,7 +114,7 @@ def causal_attention_backward(dout, cache):
     return np.concatenate([merged(dq), merged(dk), merged(dv)], axis=-1)
 
 
-# -- cell 14
+# -- cell 15
 def block_param_shapes(hidden: int) -> dict:
     """Name → shape of every parameter of a block of width `hidden`, in forward order.
     Weights are (in, out), as in dsml.train.MLP; the MLP is 4·hidden wide (GPT-2)."""
@@ -128,7 +137,7 @@ def check_block_shape(hidden: int, heads: int) -> None:
                          f"hidden/heads columns of Q, K and V")
 
 
-# -- cell 15
+# -- cell 16
 class TransformerBlock:
     """One pre-LayerNorm GPT-2 block with explicit forward and backward passes:
 
@@ -206,3 +215,56 @@ class TransformerBlock:
     def backward(self, dout):
         """Gradients of the non-frozen parameters (forward order), as dsml.train models give."""
         return self.backward_with_input(dout)[1]
+
+
+# -- cell 203
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def held_bytes(arrays) -> int:
+    """Bytes of the distinct buffers behind `arrays`: a view counts once, with its base."""
+    buffers = {}
+    for array in arrays:
+        base = array
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        buffers[id(base)] = base.nbytes
+    return sum(buffers.values())
+
+
+def _activations(block) -> list:
+    """The arrays a block's cache keeps between forward and backward, parameters left out."""
+    params = {id(value) for value in block.params.values()}
+    flat, stack = [], [block._cache]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and id(item) not in params:
+            flat.append(item)
+    return flat
+
+
+def recomputed_step(block, x, dout, recompute: str = "none"):
+    """Forward then backward of `block`, keeping between them only what `recompute` says:
+    none       the whole cache
+    selective  all but attention's b·a·s² softmax weights, rebuilt from the kept q and k
+               before the backward (Korthikanti et al. 2022's selective recomputation)
+    full       only the input x; the forward runs again before the backward
+    Returns (dx, parameter gradients, bytes of activations held between the two passes)."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    x = np.asarray(x, dtype=block.dtype)
+    block.forward(x)
+    if recompute == "full":
+        block._cache, held = None, x.nbytes
+        block.forward(x)
+    elif recompute == "selective":
+        ln1_cache, ln1, (q, k, v, _), *rest = block._cache
+        block._cache = (ln1_cache, ln1, (q, k, v, None), *rest)
+        held = held_bytes(_activations(block))
+        block._cache = (ln1_cache, ln1, (q, k, v, attention_weights(q, k)), *rest)
+    else:
+        held = held_bytes(_activations(block))
+    dx, grads = block.backward_with_input(dout)
+    return dx, grads, held
