@@ -907,16 +907,27 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
     per = PRECISIONS[layout.precision]
     grads, weights = per.grads * psi, per.params * psi
     bucket = min(float(DDP_BUCKET_BYTES), grads)
+    buckets = -(-grads // DDP_BUCKET_BYTES)
     forward, backward = slowest["forward"], slowest["backward"]
+
+    def ring(kind, nbytes, pieces=1):       # one ring collective per piece: α paid per piece
+        steps = 2 if kind == "allreduce" else 1
+        return ring_seconds(kind, nbytes, d, *link) + (pieces - 1) * steps * (d - 1) * link[0]
+
     if layout.zero <= 1:
-        reduce = ring_seconds("allreduce", grads, d, *link)
-        if p > 1:               # after the pipeline's flush (Megatron 2021's local DDP)
-            return reduce
-        return max(reduce - backward, ring_seconds("allreduce", bucket, d, *link))
+        if p > 1:               # one all-reduce after the pipeline's flush (Megatron 2021's
+            return ring("allreduce", grads)     # local DDP, a contiguous buffer)
+        return max(ring("allreduce", grads, buckets) - backward, ring("allreduce", bucket))
     if layout.zero == 2:        # every micro-batch's gradients reduce-scattered in its backward
-        scatter = ring_seconds("reduce_scatter", grads, d, *link)
-        exposed = max(scatter - backward, ring_seconds("reduce_scatter", bucket, d, *link))
-        return m * exposed + ring_seconds("all_gather", weights, d, *link)
+        scatter = ring("reduce_scatter", grads, buckets)
+        exposed = max(scatter - backward, ring("reduce_scatter", bucket))
+        return m * exposed + ring("all_gather", weights)
+    units = config.layers      # one all-gather per block, the next prefetched during this one
+    gather = ring("all_gather", weights, units)       # ZeRO-3: per micro-batch
+    scatter = ring("reduce_scatter", grads, units)
+    exposed = (max(gather - forward, gather / units)
+               + max(gather + scatter - backward, (gather + scatter) / units))
+    return m * exposed + ring_seconds("all_gather", weights, d, *link)
     gather = ring_seconds("all_gather", weights, d, *link)       # ZeRO-3: per micro-batch
     scatter = ring_seconds("reduce_scatter", grads, d, *link)
     units = config.layers      # one all-gather per block, the next prefetched during this one
@@ -941,7 +952,8 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     pipeline   the slowest stage's `stage_microbatch_seconds` (compute, tensor-parallel and
                point-to-point traffic, none overlapped — Megatron 2021 overlaps none of them)
                m times, plus the bubble (p − 1)/v of it (Narayanan et al. 2021)
-    data       the gradients' data-parallel traffic, ring collectives of 16-bit values:
+    data       the gradients' data-parallel traffic, ring collectives of 16-bit values (α paid
+               once per DDP bucket or per FSDP block):
                ZeRO 0–1, one all-reduce per step, overlapped with the last micro-batch's
                backward when pp = 1 (PyTorch DDP's buckets: only the last bucket is exposed),
                after the flush when pp > 1; ZeRO-2, a reduce-scatter in every micro-batch's
