@@ -4,7 +4,7 @@
 from dsml.zero import zero_memory_formula
 
 
-# -- cell 151
+# -- cell 156
 import numbers
 from dataclasses import dataclass
 
@@ -27,7 +27,7 @@ def _check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-# -- cell 152
+# -- cell 157
 @dataclass(frozen=True)
 class TransformerConfig:
     """The shapes of a decoder-only transformer, GPT-style or Llama-style.
@@ -149,7 +149,7 @@ class TransformerConfig:
         return sum(self.breakdown().values())
 
 
-# -- cell 153
+# -- cell 158
 def narayanan_params(config: TransformerConfig) -> float:
     """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
     P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
@@ -157,7 +157,7 @@ def narayanan_params(config: TransformerConfig) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-# -- cell 155
+# -- cell 160
 PRESETS = {
     "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
     "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
@@ -179,7 +179,7 @@ def preset(name: str) -> TransformerConfig:
     return PRESETS[name]
 
 
-# -- cell 160
+# -- cell 165
 import numpy as np
 
 
@@ -223,7 +223,7 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# -- cell 161
+# -- cell 166
 def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
                       max_bytes: float = 2**30) -> dict[str, np.ndarray]:
     """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
@@ -262,7 +262,7 @@ def _rotary(x: np.ndarray) -> np.ndarray:
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
-# -- cell 162
+# -- cell 167
 def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
                   tokens) -> np.ndarray:
     """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
@@ -318,7 +318,7 @@ def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
     return x @ head
 
 
-# -- cell 164
+# -- cell 169
 COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
 ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
 
@@ -346,7 +346,7 @@ def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.nda
     return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
 
 
-# -- cell 165
+# -- cell 170
 def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
                       tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
     """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
@@ -391,7 +391,7 @@ def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], 
     return held
 
 
-# -- cell 167
+# -- cell 172
 def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
     """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
     column-parallel biases split t ways, row-parallel biases and norms whole."""
@@ -426,7 +426,7 @@ def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: 
     return count
 
 
-# -- cell 169
+# -- cell 174
 @dataclass(frozen=True)
 class BytesPerParameter:
     """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
@@ -466,7 +466,7 @@ class MemoryBreakdown:
         return {part: getattr(self, part) / GB for part in parts}
 
 
-# -- cell 170
+# -- cell 175
 def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
                            precision: str = "mixed") -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
@@ -497,7 +497,7 @@ def zero_model_states(n_params: float, dp: int, stage: int) -> float:
     return zero_model_state_bytes(n_params, dp, stage).total
 
 
-# -- cell 172
+# -- cell 177
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -553,7 +553,7 @@ def inflight_microbatches(pp: int, stage: int, microbatches: int,
     return min(chunk_forwards, microbatches * chunks) / chunks
 
 
-# -- cell 174
+# -- cell 179
 DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
 
 
@@ -584,7 +584,7 @@ def _check_layout(layout) -> None:
                              f"pp={layout.pp}, got {layout.microbatches}")
 
 
-# -- cell 175
+# -- cell 180
 @dataclass(frozen=True)
 class Layout:
     """How a model is trained on dp × tp × pp devices.
@@ -641,7 +641,7 @@ class Layout:
                 + "".join(f", {extra}" for extra in extras))
 
 
-# -- cell 176
+# -- cell 181
 def check_chunks(config: TransformerConfig, layout: Layout) -> None:
     """Raise ValueError unless the layout splits the config: `check_split`, and v = chunks
     dividing each stage's layers/pp blocks."""
@@ -694,7 +694,7 @@ def memory_per_rank(config: TransformerConfig, layout: Layout,
     return max(stages, key=lambda breakdown: breakdown.total)
 
 
-# -- cell 178
+# -- cell 183
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -728,7 +728,7 @@ def training_flops(config: TransformerConfig, sequences: int, recompute: str = "
     return sequences * (3 * forward + extra)
 
 
-# -- cell 180
+# -- cell 185
 # The step model's constants, each with its source. The peak FLOP/s and the links are week 3's
 # presets (dsml.net.presets: A100 312 TFLOP/s dense fp16/bf16, NVLink 3 and InfiniBand HDR).
 A100_HBM_BANDWIDTH = 2.039e12   # B/s: NVIDIA A100 datasheet (2021), 80 GB SXM4, HBM2e
@@ -778,7 +778,7 @@ def achieved_fraction(rows: int, inner: int, cols: int, batch: int = 1,
     return 2.0 * batch * rows * inner * cols / (seconds * device_flops)
 
 
-# -- cell 181
+# -- cell 186
 def layer_matmuls(config: TransformerConfig, micro_batch: int, tp: int = 1) -> dict:
     """The matrix products of one transformer layer's forward for one micro-batch on one
     tensor-parallel rank, name → (batch, rows, inner, cols): the T = b·s tokens through the
@@ -818,7 +818,7 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
             "activation": (config.mlp_in_matrices + 1) * a * ffn}
 
 
-# -- cell 183
+# -- cell 188
 def ring_seconds(kind: str, nbytes: float, ranks: int, alpha: float, bandwidth: float) -> float:
     """α–β time of a ring collective over `ranks` ranks on `nbytes` (the whole buffer): an
     all-reduce 2(k−1)α + 2(k−1)/k·n/B, a reduce-scatter or all-gather half that; 0 for k = 1."""
@@ -880,7 +880,7 @@ def stage_microbatch_seconds(config: TransformerConfig, layout: Layout, stage: i
     return {"forward": forward, "backward": backward, "tensor": tensor, "pipeline": pipeline}
 
 
-# -- cell 185
+# -- cell 190
 @dataclass(frozen=True)
 class StepEstimate:
     """The step model's seconds per step, by term, and MFU (model FLOPs per second as a
@@ -936,7 +936,7 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
     return m * exposed
 
 
-# -- cell 186
+# -- cell 191
 def estimate_step(config: TransformerConfig, layout: Layout,
                   device_flops: float = DEVICES["a100"].flops,
                   intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
@@ -986,7 +986,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     return StepEstimate(seconds, compute, bubble, tensor, data, mfu, pipeline, optimizer)
 
 
-# -- cell 188
+# -- cell 193
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout of the search: its memory (the binding rank), its step estimate, and whether
@@ -1001,7 +1001,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# -- cell 189
+# -- cell 194
 def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
                    recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
@@ -1056,7 +1056,7 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     return results
 
 
-# -- cell 190
+# -- cell 195
 def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
     higher MFU than every layout that needs less memory."""
@@ -1068,7 +1068,7 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 216
+# -- cell 221
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline

@@ -498,6 +498,44 @@ def split_layers(layers: int, pieces: int) -> list:
 
 
 # -- cell 78
+def piece_forward(model, layers, h):
+    """A piece's layers of `model` (a dsml.train.MLP) on input h: (each layer's input, each
+    layer's pre-activation, the output — the last layer of the model has no activation)."""
+    kept_inputs, pre_activations = [], []
+    for layer in layers:
+        kept_inputs.append(h)
+        z = h @ model.params[f"layer{layer}.weight"] + model.params[f"layer{layer}.bias"]
+        pre_activations.append(z)
+        h = z if layer == model.layers - 1 else activate(z, model.activation)
+    return kept_inputs, pre_activations, h
+
+
+def piece_backward(model, layers, pre_activations, g):
+    """From the gradient g of a piece's output: (each layer's dz, the gradient of the piece's
+    input, which the first piece does not need: its input is the data)."""
+    dz = [None] * len(layers)
+    for position in reversed(range(len(layers))):
+        layer = layers[position]
+        if layer < model.layers - 1:
+            g = g * activation_derivative(pre_activations[position], model.activation)
+        dz[position] = g
+        if layer > 0:                                 # the model's input needs no gradient
+            g = g @ model.params[f"layer{layer}.weight"].T
+    return dz, g
+
+
+def accumulate_weight_grads(grads, layers, kept_inputs, dz) -> None:
+    """Add each layer's weight gradient X_lᵀ·dz_l and bias gradient Σ dz_l into `grads`
+    (names absent from `grads` are frozen)."""
+    for layer, x, g in zip(layers, kept_inputs, dz):
+        weight, bias = f"layer{layer}.weight", f"layer{layer}.bias"
+        if weight in grads:
+            grads[weight] += x.T @ g
+        if bias in grads:
+            grads[bias] += g.sum(axis=0)
+
+
+# -- cell 79
 class MLPStageWork:
     """The real computation of one stage of a dsml.train.MLP cut into pipeline pieces.
 
@@ -505,45 +543,34 @@ class MLPStageWork:
     micro-batch and keeps their inputs and pre-activations; on the last piece it also takes
     the loss, weighted by the micro-batch's share of the batch (n_k / N), so that the summed
     gradients are those of the full batch's mean loss. B turns the gradient of the piece's
-    output into the gradients of each layer's pre-activation (dz) and of the piece's input;
-    without a split it also forms the weight gradients X_lᵀ·dz_l and Σ dz_l and frees the
-    micro-batch; with a split (the schedule has W ops), W does that later from the kept inputs
-    and dz. `peak_held` counts the most micro-batches (× chunks) held at once."""
+    output into each layer's dz and the piece's input gradient; without a split it also adds
+    the weight gradients and frees the micro-batch, with one (W ops in the schedule) W does
+    that later. `held` maps (micro-batch, chunk) to what B or W still needs; `peak_held` counts
+    the most held at once; `loss` is this stage's part of the batch loss (last piece only)."""
 
     def __init__(self, model, pieces, stage, stages, inputs, targets, shares, loss, split):
         self.model, self.pieces, self.stage, self.stages = model, pieces, stage, stages
         self.inputs, self.targets, self.shares = inputs, targets, shares
         self.loss_fn, self.split = LOSSES[loss], split
-        self.held = {}        # (micro-batch, chunk) -> what backward or W still needs
-        self.peak_held = 0
-        self.loss = 0.0       # this stage's part of the batch loss (the last piece's stage)
-        self.grads = {}
-        for piece in range(stage, len(pieces), stages):
-            for layer in pieces[piece]:
-                for name in (f"layer{layer}.weight", f"layer{layer}.bias"):
-                    if name not in model.frozen:
-                        self.grads[name] = np.zeros_like(model.params[name])
+        self.held, self.peak_held, self.loss = {}, 0, 0.0
+        self.grads = {name: np.zeros_like(model.params[name])
+                      for piece in range(stage, len(pieces), stages)
+                      for layer in pieces[piece]
+                      for name in (f"layer{layer}.weight", f"layer{layer}.bias")
+                      if name not in model.frozen}
 
-    def _piece(self, op):
-        piece = op.chunk * self.stages + self.stage
-        return piece, self.pieces[piece]
+    def _piece(self, op):           # (piece index, its layers): chunk c of stage i is c·p + i
+        return op.chunk * self.stages + self.stage, self.pieces[op.chunk * self.stages + self.stage]
 
     def forward(self, op, x):
         piece, layers = self._piece(op)
         h = self.inputs[op.microbatch] if piece == 0 else x
-        kept_inputs, pre_activations = [], []
-        for layer in layers:
-            kept_inputs.append(h)
-            weight = self.model.params[f"layer{layer}.weight"]
-            z = h @ weight + self.model.params[f"layer{layer}.bias"]
-            pre_activations.append(z)
-            h = z if layer == self.model.layers - 1 else activate(z, self.model.activation)
+        kept_inputs, pre_activations, h = piece_forward(self.model, layers, h)
         output_grad = None
         if piece == len(self.pieces) - 1:
             value, output_grad = self.loss_fn(h, self.targets[op.microbatch])
             share = self.shares[op.microbatch]
-            self.loss += share * value
-            output_grad = share * output_grad
+            self.loss, output_grad = self.loss + share * value, share * output_grad
             h = None                                  # nothing to send: the loss is here
         self.held[(op.microbatch, op.chunk)] = (kept_inputs, pre_activations, output_grad)
         self.peak_held = max(self.peak_held, len(self.held))
@@ -552,40 +579,25 @@ class MLPStageWork:
     def backward(self, op, grad):
         piece, layers = self._piece(op)
         kept_inputs, pre_activations, output_grad = self.held[(op.microbatch, op.chunk)]
-        g = output_grad if grad is None else grad
-        dz = [None] * len(layers)
-        for position in reversed(range(len(layers))):
-            layer = layers[position]
-            if layer < self.model.layers - 1:
-                g = g * activation_derivative(pre_activations[position], self.model.activation)
-            dz[position] = g
-            if layer > 0:                             # the model's input needs no gradient
-                g = g @ self.model.params[f"layer{layer}.weight"].T
+        dz, g = piece_backward(self.model, layers, pre_activations,
+                               output_grad if grad is None else grad)
         if self.split:
             self.held[(op.microbatch, op.chunk)] = (kept_inputs, dz)
         else:
-            self._weight_grads(layers, kept_inputs, dz)
+            accumulate_weight_grads(self.grads, layers, kept_inputs, dz)
             del self.held[(op.microbatch, op.chunk)]
         return g if piece > 0 else None
 
     def weight(self, op):
         piece, layers = self._piece(op)
         kept_inputs, dz = self.held.pop((op.microbatch, op.chunk))
-        self._weight_grads(layers, kept_inputs, dz)
-
-    def _weight_grads(self, layers, kept_inputs, dz):
-        for layer, x, g in zip(layers, kept_inputs, dz):
-            weight, bias = f"layer{layer}.weight", f"layer{layer}.bias"
-            if weight in self.grads:
-                self.grads[weight] += x.T @ g
-            if bias in self.grads:
-                self.grads[bias] += g.sum(axis=0)
+        accumulate_weight_grads(self.grads, layers, kept_inputs, dz)
 
     def done(self):
         return {"loss": self.loss, "grads": self.grads, "peak_held": self.peak_held}
 
 
-# -- cell 79
+# -- cell 80
 class PipelineGradients(NamedTuple):
     """What pipeline_gradients returns: the batch's mean loss, the gradients (name → array,
     in the model's parameter order), the most (micro-batch, chunk) pairs each stage actually

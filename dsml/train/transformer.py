@@ -217,7 +217,7 @@ class TransformerBlock:
         return self.backward_with_input(dout)[1]
 
 
-# -- cell 203
+# -- cell 208
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
