@@ -138,6 +138,57 @@ def check_block_shape(hidden: int, heads: int) -> None:
 
 
 # -- cell 16
+def init_block_params(hidden: int, seed: int = 0, dtype=np.float64, std: float = 0.02) -> dict:
+    """A block's parameters drawn as GPT-2 draws them: weights N(0, std²), biases 0, LayerNorm
+    weights 1 (names and shapes from block_param_shapes)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in block_param_shapes(hidden).items():
+        if name.endswith(".bias"):
+            value = np.zeros(shape)
+        elif name.startswith("ln"):
+            value = np.ones(shape)
+        else:
+            value = std * rng.standard_normal(shape)
+        params[name] = value.astype(dtype)
+    return params
+
+
+def block_forward(p: dict, heads: int, x):
+    """The block's output for x (b, s, h) with parameters p, and what its backward needs."""
+    ln1, ln1_cache = layer_norm_forward(x, p["ln1.weight"], p["ln1.bias"])
+    qkv = linear_forward(ln1, p["attn.qkv.weight"], p["attn.qkv.bias"])
+    heads_out, attention_cache = causal_attention_forward(qkv, heads)
+    a = x + linear_forward(heads_out, p["attn.proj.weight"], p["attn.proj.bias"])
+    ln2, ln2_cache = layer_norm_forward(a, p["ln2.weight"], p["ln2.bias"])
+    pre = linear_forward(ln2, p["mlp.fc.weight"], p["mlp.fc.bias"])
+    hidden4 = gelu(pre)
+    y = a + linear_forward(hidden4, p["mlp.proj.weight"], p["mlp.proj.bias"])
+    return y, (ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4)
+
+
+def block_backward(p: dict, cache, dy):
+    """(dL/dx, every parameter's gradient) of block_forward, given dL/dy and its cache."""
+    ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4 = cache
+    g = {}
+    # MLP branch: y = a + proj(gelu(fc(ln2(a))))
+    dhidden4, g["mlp.proj.weight"], g["mlp.proj.bias"] = linear_backward(
+        dy, hidden4, p["mlp.proj.weight"])
+    dpre = dhidden4 * gelu_grad(pre)
+    dln2, g["mlp.fc.weight"], g["mlp.fc.bias"] = linear_backward(dpre, ln2, p["mlp.fc.weight"])
+    dln2_in, g["ln2.weight"], g["ln2.bias"] = layer_norm_backward(dln2, ln2_cache)
+    da = dy + dln2_in                                  # the residual adds the two paths
+    # attention branch: a = x + proj(attention(qkv(ln1(x))))
+    dheads, g["attn.proj.weight"], g["attn.proj.bias"] = linear_backward(
+        da, heads_out, p["attn.proj.weight"])
+    dqkv = causal_attention_backward(dheads, attention_cache)
+    dln1, g["attn.qkv.weight"], g["attn.qkv.bias"] = linear_backward(
+        dqkv, ln1, p["attn.qkv.weight"])
+    dln1_in, g["ln1.weight"], g["ln1.bias"] = layer_norm_backward(dln1, ln1_cache)
+    return da + dln1_in, g
+
+
+# -- cell 17
 class TransformerBlock:
     """One pre-LayerNorm GPT-2 block with explicit forward and backward passes:
 
@@ -153,16 +204,7 @@ class TransformerBlock:
                  std: float = 0.02):
         check_block_shape(hidden, heads)
         self.hidden, self.heads, self.dtype = int(hidden), int(heads), np.dtype(dtype)
-        rng = np.random.default_rng(seed)
-        self.params = {}
-        for name, shape in block_param_shapes(self.hidden).items():
-            if name.endswith(".bias"):
-                value = np.zeros(shape)
-            elif name.startswith("ln"):
-                value = np.ones(shape)
-            else:
-                value = std * rng.standard_normal(shape)
-            self.params[name] = value.astype(self.dtype)
+        self.params = init_block_params(self.hidden, seed, self.dtype, std)
         self.frozen = set()
         self._cache = None
 
@@ -174,42 +216,18 @@ class TransformerBlock:
         x = np.asarray(x, dtype=self.dtype)
         if x.ndim != 3 or x.shape[-1] != self.hidden:
             raise ValueError(f"expected x of shape (batch, seq, {self.hidden}), got {x.shape}")
-        p = self.params
-        ln1, ln1_cache = layer_norm_forward(x, p["ln1.weight"], p["ln1.bias"])
-        qkv = linear_forward(ln1, p["attn.qkv.weight"], p["attn.qkv.bias"])
-        heads_out, attention_cache = causal_attention_forward(qkv, self.heads)
-        a = x + linear_forward(heads_out, p["attn.proj.weight"], p["attn.proj.bias"])
-        ln2, ln2_cache = layer_norm_forward(a, p["ln2.weight"], p["ln2.bias"])
-        pre = linear_forward(ln2, p["mlp.fc.weight"], p["mlp.fc.bias"])
-        hidden4 = gelu(pre)
-        y = a + linear_forward(hidden4, p["mlp.proj.weight"], p["mlp.proj.bias"])
-        self._cache = (ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4)
+        y, self._cache = block_forward(self.params, self.heads, x)
         return y
 
     def backward_with_input(self, dout):
         """(dL/dx, gradients of the non-frozen parameters) given dL/dy of the last forward."""
         if self._cache is None:
             raise RuntimeError("call forward before backward")
-        ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4 = self._cache
+        shape = self._cache[1].shape                   # LN1's output: the block's shape
         dy = np.asarray(dout, dtype=self.dtype)
-        if dy.shape != ln1.shape:
-            raise ValueError(f"dout must have the output's shape {ln1.shape}, got {dy.shape}")
-        p, g = self.params, {}
-        # MLP branch: y = a + proj(gelu(fc(ln2(a))))
-        dhidden4, g["mlp.proj.weight"], g["mlp.proj.bias"] = linear_backward(
-            dy, hidden4, p["mlp.proj.weight"])
-        dpre = dhidden4 * gelu_grad(pre)
-        dln2, g["mlp.fc.weight"], g["mlp.fc.bias"] = linear_backward(dpre, ln2, p["mlp.fc.weight"])
-        dln2_in, g["ln2.weight"], g["ln2.bias"] = layer_norm_backward(dln2, ln2_cache)
-        da = dy + dln2_in                                  # the residual adds the two paths
-        # attention branch: a = x + proj(attention(qkv(ln1(x))))
-        dheads, g["attn.proj.weight"], g["attn.proj.bias"] = linear_backward(
-            da, heads_out, p["attn.proj.weight"])
-        dqkv = causal_attention_backward(dheads, attention_cache)
-        dln1, g["attn.qkv.weight"], g["attn.qkv.bias"] = linear_backward(
-            dqkv, ln1, p["attn.qkv.weight"])
-        dln1_in, g["ln1.weight"], g["ln1.bias"] = layer_norm_backward(dln1, ln1_cache)
-        dx = da + dln1_in
+        if dy.shape != shape:
+            raise ValueError(f"dout must have the output's shape {shape}, got {dy.shape}")
+        dx, g = block_backward(self.params, self._cache, dy)
         return dx, {name: g[name] for name in self.params if name not in self.frozen}
 
     def backward(self, dout):
@@ -217,7 +235,7 @@ class TransformerBlock:
         return self.backward_with_input(dout)[1]
 
 
-# -- cell 208
+# -- cell 210
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
