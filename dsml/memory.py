@@ -971,7 +971,10 @@ def estimate_step(config: TransformerConfig, layout: Layout,
                share at least is exposed each time)
     optimizer  an Adam step over this rank's (ZeRO-sharded) parameters, ADAM_BYTES each at
                the HBM bandwidth
-    mfu = 3 × forward FLOPs × global batch / (devices · device_flops · seconds)."""
+    mfu = 3 × forward FLOPs × global batch / (devices · device_flops · seconds).
+    Limits: products are costed as 16-bit whatever `layout.precision` (an fp32 layout's
+    arithmetic is far slower than this says), and the embedding lookup, the gradient-norm
+    clipping and any host-side gaps are left out."""
     check_chunks(config, layout)
     hw = dict(device_flops=device_flops, memory_bandwidth=memory_bandwidth,
               gemm_efficiency=gemm_efficiency, devices_per_node=devices_per_node,
