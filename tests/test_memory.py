@@ -8,7 +8,12 @@ Independent references, never the accountant's own code:
   whose shapes a forward pass proves; the tensor-parallel shards concatenate back to the model;
 - ZeRO: the paper's example (exact and to its printed precision) and the four formulas by hand;
 - activations: Korthikanti et al.'s table by hand; FLOPs: Narayanan et al.'s eq. 3 and its
-  no-recomputation form; the pipeline bubble (p − 1)/(m + p − 1);
+  no-recomputation form; the pipeline bubble (p − 1)/(v·m) of the ideal time;
+- the step model: Megatron-LM's published Table 1 (Narayanan et al. 2021) row by row within
+  ±10 %, ZeRO-2/3 costing more with more micro-batches, ZeRO-2/3 with pp > 1 refused, the
+  all-reduce hidden behind the backward only without a pipeline (the exposed ring written out),
+  small products below peak, and the interleaved schedule's in-flight micro-batches against
+  the op lists of week 5's own schedule;
 - the search: an independent enumeration of the layouts and a brute-force Pareto check.
 Cases where a measurement and a formula must differ: Narayanan's approximation against the exact
 count (by exactly the final LayerNorm for GPT-2, by percents for Llama), a naive Ψ/t against the
@@ -456,7 +461,7 @@ def test_config_is_frozen_and_defaults_are_filled():
         c.layers = 3
 
 
-# ---------------------------------------------------------------- FLOPs, throughput proxy, search
+# ---------------------------------------------------------------- FLOPs, the step model, Table 1, search
 
 @pytest.mark.parametrize("name", GPT_NAMES)
 def test_training_flops_match_narayanan(name):
