@@ -813,7 +813,9 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
       scale-mask-softmax    read and write S                           2·2S
       attention dropout     read and write S, write a mask             (2·2 + 1)S
       2 bias-dropout-adds   read x and the residual, write, mask       2 · (3·2 + 1)N
-      bias-activation       read the MLP input(s), write the output    (inputs + 1)·2F"""
+      bias-activation       read the MLP input(s), write the output    (inputs + 1)·2F
+    These are GPT's kernels, dropout included; for a Llama-style config (RMSNorm, usually no
+    dropout) they are an overestimate by the masks and dropout passes."""
     s, b, h, t = config.seq_len, micro_batch, config.hidden, tp
     rows = s * b * h / (t if sequence_parallel else 1)
     scores = b * config.heads * s * s / t
