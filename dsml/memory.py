@@ -924,26 +924,23 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
         steps = 2 if kind == "allreduce" else 1
         return ring_seconds(kind, nbytes, d, *link) + (pieces - 1) * steps * (d - 1) * link[0]
 
-    if layout.zero <= 1:
-        if p > 1:               # one all-reduce after the pipeline's flush (Megatron 2021's
-            return ring("allreduce", grads)     # local DDP, a contiguous buffer)
+    if p > 1:                   # ZeRO 0-1: one all-reduce after the pipeline's flush
+        return ring("allreduce", grads)     # (Megatron 2021's local DDP, a contiguous buffer)
+    if layout.zero == 0:
         return max(ring("allreduce", grads, buckets) - backward, ring("allreduce", bucket))
-    if layout.zero == 2:        # every micro-batch's gradients reduce-scattered in its backward
+    if layout.zero <= 2:        # the gradients reduce-scattered in the backward (ZeRO-1 once,
+        #                         in the last micro-batch's; ZeRO-2 in every micro-batch's), then
+        #                         the updated 16-bit weights all-gathered after the optimizer
+        #                         step, where no backward is left to hide it
         scatter = ring("reduce_scatter", grads, buckets)
         exposed = max(scatter - backward, ring("reduce_scatter", bucket))
-        return m * exposed + ring("all_gather", weights)
+        return (m if layout.zero == 2 else 1) * exposed + ring("all_gather", weights)
     units = config.layers      # one all-gather per block, the next prefetched during this one
     gather = ring("all_gather", weights, units)       # ZeRO-3: per micro-batch
     scatter = ring("reduce_scatter", grads, units)
     exposed = (max(gather - forward, gather / units)
                + max(gather + scatter - backward, (gather + scatter) / units))
-    return m * exposed + ring_seconds("all_gather", weights, d, *link)
-    gather = ring_seconds("all_gather", weights, d, *link)       # ZeRO-3: per micro-batch
-    scatter = ring_seconds("reduce_scatter", grads, d, *link)
-    units = config.layers      # one all-gather per block, the next prefetched during this one
-    exposed = (max(gather - forward, gather / units)
-               + max(gather + scatter - backward, (gather + scatter) / units))
-    return m * exposed
+    return m * exposed          # no gather after the step: the next forward gathers
 
 
 # -- cell 193
@@ -964,10 +961,12 @@ def estimate_step(config: TransformerConfig, layout: Layout,
                m times, plus the bubble (p − 1)/v of it (Narayanan et al. 2021)
     data       the gradients' data-parallel traffic, ring collectives of 16-bit values (α paid
                once per DDP bucket or per FSDP block):
-               ZeRO 0–1, one all-reduce per step, overlapped with the last micro-batch's
-               backward when pp = 1 (PyTorch DDP's buckets: only the last bucket is exposed),
-               after the flush when pp > 1; ZeRO-2, a reduce-scatter in every micro-batch's
-               backward plus the weights' all-gather after the step; ZeRO-3, per micro-batch
+               ZeRO 0, one all-reduce per step, overlapped with the last micro-batch's
+               backward when pp = 1 (PyTorch DDP's buckets: only the last bucket is exposed);
+               ZeRO 0–1 with pp > 1, one all-reduce after the flush; ZeRO-1 (pp = 1), a
+               reduce-scatter overlapped with the last micro-batch's backward, ZeRO-2 one in
+               every micro-batch's backward, each plus the weights' all-gather after the
+               optimizer step (exposed: no backward is left to hide it); ZeRO-3, per micro-batch
                an all-gather of the weights overlapped with its forward and one more plus a
                reduce-scatter overlapped with its backward (FSDP's prefetch: one block's
                share at least is exposed each time)
