@@ -1088,6 +1088,8 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
 # are the authors' own run scripts (NVIDIA/Megatron-LM, examples/academic_paper_scripts/sc21/
 # run_table_1.sh: --micro-batch-size; v = layers per stage divided by
 # --num-layers-per-virtual-pipeline-stage).
+# Every column but a, b and v was checked against the table as Megatron-LM's README printed
+# it in April 2021 (images/cases_april2021.png: hidden, layers, t·p, GPUs, batch, TFLOP/s).
 MEGATRON_TABLE1 = (
     # name     a      h    l  t   p  GPUs     B  TFLOP/s  b  v
     ("1.7B",  24,  2304,  24, 1,  1,   32,  512, 137,   16, 1),

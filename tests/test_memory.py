@@ -676,3 +676,20 @@ def test_bf16_holds_the_bytes_of_fp16_mixed_precision():
         bf16 = memory_per_rank(c, Layout(**{**layout.__dict__, "precision": "bf16"}))
         assert bf16 == fp16
     assert zero_model_state_bytes(1000, 1, 0, "bf16").total == 16 * 1000
+
+
+def test_zero_1_pays_the_weights_all_gather_and_zero_3_none_after_the_step():
+    """ZeRO-1 and 2 all-gather the updated 16-bit weights after the optimizer step, where no
+    backward hides it; ZeRO-1 is not plain DDP. ZeRO-3 gathers in the next forward instead."""
+    from dsml.memory import ring_seconds
+    from dsml.net.presets import LINKS
+    c = preset("llama2-7b")
+    weights = 2 * params_per_rank(c)
+    gather = ring_seconds("all_gather", weights, 64, LINKS["ib_hdr"].alpha,
+                          LINKS["ib_hdr"].bandwidth)
+    z0, z1, z2 = (estimate_step(c, Layout(dp=64, zero=z)).data_comm_seconds for z in (0, 1, 2))
+    assert z1 >= gather > z0
+    assert z1 == z2                 # one micro-batch: the same reduce-scatter and all-gather
+    z3 = [estimate_step(c, Layout(dp=64, zero=3, microbatches=m)).data_comm_seconds
+          for m in (1, 2)]
+    assert z3[1] == pytest.approx(2 * z3[0], rel=1e-12)     # nothing charged once per step
