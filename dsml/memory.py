@@ -749,6 +749,8 @@ ACTIVATION_BYTES = 2            # 16-bit activations (mixed precision)
 MASK_BYTES = 1                  # a dropout mask element (PyTorch keeps it as 1 byte)
 BACKWARD_TRAFFIC = 2            # an element-wise op's backward reads its saved input and the
 #                                 incoming gradient and writes a gradient: ~2× its forward bytes
+#                                 (an assumption, not a measurement; docs/measurements.md says how
+#                                 much Table 1's predictions move with it)
 LOSS_BYTES = 12                 # per logit: forward reads 16-bit, writes fp32 (2 + 4); backward
 #                                 reads fp32, writes 16-bit (4 + 2) — Megatron's fp32 loss
 ADAM_BYTES = 28                 # per parameter an Adam step reads and writes: fp32 master,
