@@ -763,7 +763,7 @@ def _memory_one_layout(args, config) -> int:
             print(f"{memory.stage:>6} {held:>15,} " + " ".join(
                 f"{_gb(getattr(memory, part)):>11}" for part in MEMORY_PARTS))
     print(f"# step model (estimate_step: {_hardware_assumptions()}; the data-parallel "
-          f"all-reduce overlaps the backward when pp = 1): "
+          f"gradient reduction overlaps the backward when pp = 1): "
           f"{step.seconds:.4g} s, MFU {step.mfu:.3f}")
     if device_bytes is not None:
         print(_fits_line(binding.total, device_bytes, args.device_memory))
