@@ -40,7 +40,7 @@
                 [--top 10] [--zero Z] [--micro-batch b] [--recompute R] [--precision P]
                 [--schedule S]
         every layout dp·tp·pp = N (dsml.memory.search_layouts): how many fit, and the fastest
-        that fit, with their bytes per rank and the step-time proxy's seconds and MFU.
+        that fit, with their bytes per rank and the step model's seconds and MFU.
 
 With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
 allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
@@ -806,7 +806,9 @@ def _hardware_assumptions() -> str:
 
     defaults = {name: parameter.default
                 for name, parameter in inspect.signature(estimate_step).parameters.items()}
-    return (f"{defaults['device_flops'] / 1e12:g} TFLOP/s per device, "
+    return (f"{defaults['device_flops'] / 1e12:g} TFLOP/s peak per device, large matrix "
+            f"products at {defaults['gemm_efficiency']:g} of it (fitted), "
+            f"{defaults['memory_bandwidth'] / 1e12:g} TB/s memory, "
             f"{defaults['intra_node_bandwidth'] / 1e9:g} GB/s within "
             f"{defaults['devices_per_node']}-device nodes, "
             f"{defaults['inter_node_bandwidth'] / 1e9:g} GB/s across")
@@ -842,7 +844,8 @@ def _memory_one_layout(args, config) -> int:
             held = params_per_rank(config, layout.tp, layout.pp, memory.stage)
             print(f"{memory.stage:>6} {held:>15,} " + " ".join(
                 f"{_gb(getattr(memory, part)):>11}" for part in MEMORY_PARTS))
-    print(f"# step (estimate_step's proxy: {_hardware_assumptions()}, nothing overlapped): "
+    print(f"# step model (estimate_step: {_hardware_assumptions()}; the data-parallel "
+          f"gradient reduction overlaps the backward when pp = 1): "
           f"{step.seconds:.4g} s, MFU {step.mfu:.3f}")
     if device_bytes is not None:
         print(_fits_line(binding.total, device_bytes, args.device_memory))
@@ -895,12 +898,13 @@ def _memory_search(args, config) -> int:
     print(f"# layouts: dp·tp·pp = {args.devices} (tp dividing heads, kv_heads and ffn_hidden, "
           f"pp dividing layers); micro-batch {', '.join(map(str, micro_batches))} (dp × "
           f"micro-batch dividing the global batch);")
-    print(f"#   ZeRO {', '.join(map(str, zero_stages))} (above 0 only with dp > 1); recompute "
+    print(f"#   ZeRO {', '.join(map(str, zero_stages))} (above 0 only with dp > 1, above 1 only "
+          f"with pp = 1); recompute "
           f"{', '.join(recompute)}; sequence parallelism on and off when tp > 1; precision "
           f"{args.precision}, schedule {args.schedule}")
     print("# GB/rank: the most loaded rank (its pipeline stage: stage), GB = 1e9 B; "
           "m: micro-batches per step")
-    print(f"# step: estimate_step's proxy ({_hardware_assumptions()}, nothing overlapped); "
+    print(f"# step: estimate_step's model ({_hardware_assumptions()}); "
           f"MFU = model FLOPs / (devices × peak × step)")
     if not fitting:
         smallest = min(results, key=lambda result: result.memory.total)
@@ -1112,7 +1116,8 @@ def main(argv=None) -> int:
                      help="activation recomputation: none (default), selective or full")
     lay.add_argument("--sequence-parallel", action="store_true",
                      help="Megatron's sequence parallelism (with tp > 1)")
-    lay.add_argument("--precision", default="mixed", help="mixed (default) or fp32")
+    lay.add_argument("--precision", default="mixed",
+                     help="mixed (fp16, default), bf16 (the same bytes) or fp32")
     lay.add_argument("--schedule", default="1f1b", help="pipeline schedule: 1f1b (default) "
                                                         "or gpipe")
     lay.add_argument("--devices", type=int, default=None,

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 52
+# -- cell 61
 import numbers
 from collections import deque
 from typing import NamedTuple
@@ -51,6 +51,7 @@ def one_f_one_b_ops(stage: int, stages: int, microbatches: int) -> list:
     return ops
 
 
+# -- cell 62
 def interleaved_ops(stage: int, stages: int, microbatches: int, chunks: int) -> list:
     """Interleaved 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM's order): the model is cut
     into p·v chunks and stage i holds chunks i, i + p, i + 2p, …, so a micro-batch visits every
@@ -98,6 +99,7 @@ def zb_h1_ops(stage: int, stages: int, microbatches: int) -> list:
     return ops
 
 
+# -- cell 63
 def schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> list:
     """The ordered ops of every stage: a list of p lists of Op.
 
@@ -129,7 +131,7 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> list
     return ops
 
 
-# -- cell 55
+# -- cell 66
 def _needs(op: Op, stage: int, stages: int, chunks: int) -> list:
     """The ops (kind, micro-batch, virtual stage) that must finish before `op` can start.
     Virtual stage s = chunk·p + stage is the s-th piece of the model."""
@@ -145,6 +147,7 @@ def _needs(op: Op, stage: int, stages: int, chunks: int) -> list:
     return [("B", op.microbatch, virtual)]
 
 
+# -- cell 67
 def check_schedule(ops: list, microbatches: int, chunks: int = 1) -> None:
     """Raise ValueError unless `ops` (one list of Op per stage) is a pipeline schedule that runs.
 
@@ -204,6 +207,7 @@ def check_schedule(ops: list, microbatches: int, chunks: int = 1) -> None:
                          + "; ".join(waits))
 
 
+# -- cell 68
 def bubble_formula(name: str, stages: int, microbatches: int, chunks: int = 1) -> float:
     """The published bubble fraction (idle ÷ total stage time) — the model the simulation is
     checked against, never used by it. GPipe and 1F1B: (p − 1)/(m + p − 1) (Huang et al. 2019;
@@ -223,7 +227,7 @@ def bubble_formula(name: str, stages: int, microbatches: int, chunks: int = 1) -
     return over_ideal / (1 + over_ideal)
 
 
-# -- cell 58
+# -- cell 71
 import math
 from dataclasses import dataclass, field
 
@@ -259,6 +263,7 @@ def _receive(comm, local: dict, src: int, tag: int):
     return (yield comm.recv(src, tag))
 
 
+# -- cell 72
 def pipeline_stage(comm, ops: list, microbatches: int, chunks: int, op_seconds: list, works: list):
     """Rank program of one pipeline stage: run the ops of ops[comm.rank] in order.
 
@@ -304,6 +309,7 @@ def pipeline_stage(comm, ops: list, microbatches: int, chunks: int, op_seconds: 
     return timeline, work.done()
 
 
+# -- cell 73
 class PlaceholderWork:
     """A stage's work when only time matters: activations and gradients are SizeOnly
     placeholders of `message_nbytes` bytes, the size the network charges for."""
@@ -324,7 +330,7 @@ class PlaceholderWork:
         return None
 
 
-# -- cell 60
+# -- cell 75
 def inflight_peaks(timeline: list) -> list:
     """Per stage, the most (micro-batch, chunk) pairs whose activations the stage held at once,
     counted along the timeline (each stage's OpSpans in the order it ran them): held from the
@@ -378,6 +384,7 @@ class PipelineRun:
                    bubble_fraction, bubble_over_ideal, inflight_peaks(timeline), result)
 
 
+# -- cell 76
 def _per_stage(name: str, value, stages: int) -> list:
     """A time per stage: one number for all, or a list of one per stage; finite and ≥ 0 s."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -427,6 +434,7 @@ def _resolve(name, stages, microbatches, chunks):
     return "custom", ops
 
 
+# -- cell 77
 def _run_pipeline(label, ops, microbatches, chunks, t_forward, t_backward, t_weight, works,
                   engine, network) -> PipelineRun:
     """Run the resolved schedule `ops` with one rank per stage and measure it."""
@@ -467,7 +475,7 @@ def simulate(name: str | list, stages: int, microbatches: int, t_forward: float 
                          works, "sim", network)
 
 
-# -- cell 62
+# -- cell 79
 import numpy as np
 
 from dsml.train.models import LOSSES, activate, activation_derivative
@@ -489,6 +497,45 @@ def split_layers(layers: int, pieces: int) -> list:
     return runs
 
 
+# -- cell 80
+def piece_forward(model, layers, h):
+    """A piece's layers of `model` (a dsml.train.MLP) on input h: (each layer's input, each
+    layer's pre-activation, the output — the last layer of the model has no activation)."""
+    kept_inputs, pre_activations = [], []
+    for layer in layers:
+        kept_inputs.append(h)
+        z = h @ model.params[f"layer{layer}.weight"] + model.params[f"layer{layer}.bias"]
+        pre_activations.append(z)
+        h = z if layer == model.layers - 1 else activate(z, model.activation)
+    return kept_inputs, pre_activations, h
+
+
+def piece_backward(model, layers, pre_activations, g):
+    """From the gradient g of a piece's output: (each layer's dz, the gradient of the piece's
+    input, which the first piece does not need: its input is the data)."""
+    dz = [None] * len(layers)
+    for position in reversed(range(len(layers))):
+        layer = layers[position]
+        if layer < model.layers - 1:
+            g = g * activation_derivative(pre_activations[position], model.activation)
+        dz[position] = g
+        if layer > 0:                                 # the model's input needs no gradient
+            g = g @ model.params[f"layer{layer}.weight"].T
+    return dz, g
+
+
+def accumulate_weight_grads(grads, layers, kept_inputs, dz) -> None:
+    """Add each layer's weight gradient X_lᵀ·dz_l and bias gradient Σ dz_l into `grads`
+    (names absent from `grads` are frozen)."""
+    for layer, x, g in zip(layers, kept_inputs, dz):
+        weight, bias = f"layer{layer}.weight", f"layer{layer}.bias"
+        if weight in grads:
+            grads[weight] += x.T @ g
+        if bias in grads:
+            grads[bias] += g.sum(axis=0)
+
+
+# -- cell 81
 class MLPStageWork:
     """The real computation of one stage of a dsml.train.MLP cut into pipeline pieces.
 
@@ -496,45 +543,34 @@ class MLPStageWork:
     micro-batch and keeps their inputs and pre-activations; on the last piece it also takes
     the loss, weighted by the micro-batch's share of the batch (n_k / N), so that the summed
     gradients are those of the full batch's mean loss. B turns the gradient of the piece's
-    output into the gradients of each layer's pre-activation (dz) and of the piece's input;
-    without a split it also forms the weight gradients X_lᵀ·dz_l and Σ dz_l and frees the
-    micro-batch; with a split (the schedule has W ops), W does that later from the kept inputs
-    and dz. `peak_held` counts the most micro-batches (× chunks) held at once."""
+    output into each layer's dz and the piece's input gradient; without a split it also adds
+    the weight gradients and frees the micro-batch, with one (W ops in the schedule) W does
+    that later. `held` maps (micro-batch, chunk) to what B or W still needs; `peak_held` counts
+    the most held at once; `loss` is this stage's part of the batch loss (last piece only)."""
 
     def __init__(self, model, pieces, stage, stages, inputs, targets, shares, loss, split):
         self.model, self.pieces, self.stage, self.stages = model, pieces, stage, stages
         self.inputs, self.targets, self.shares = inputs, targets, shares
         self.loss_fn, self.split = LOSSES[loss], split
-        self.held = {}        # (micro-batch, chunk) -> what backward or W still needs
-        self.peak_held = 0
-        self.loss = 0.0       # this stage's part of the batch loss (the last piece's stage)
-        self.grads = {}
-        for piece in range(stage, len(pieces), stages):
-            for layer in pieces[piece]:
-                for name in (f"layer{layer}.weight", f"layer{layer}.bias"):
-                    if name not in model.frozen:
-                        self.grads[name] = np.zeros_like(model.params[name])
+        self.held, self.peak_held, self.loss = {}, 0, 0.0
+        self.grads = {name: np.zeros_like(model.params[name])
+                      for piece in range(stage, len(pieces), stages)
+                      for layer in pieces[piece]
+                      for name in (f"layer{layer}.weight", f"layer{layer}.bias")
+                      if name not in model.frozen}
 
-    def _piece(self, op):
-        piece = op.chunk * self.stages + self.stage
-        return piece, self.pieces[piece]
+    def _piece(self, op):           # (piece index, its layers): chunk c of stage i is c·p + i
+        return op.chunk * self.stages + self.stage, self.pieces[op.chunk * self.stages + self.stage]
 
     def forward(self, op, x):
         piece, layers = self._piece(op)
         h = self.inputs[op.microbatch] if piece == 0 else x
-        kept_inputs, pre_activations = [], []
-        for layer in layers:
-            kept_inputs.append(h)
-            weight = self.model.params[f"layer{layer}.weight"]
-            z = h @ weight + self.model.params[f"layer{layer}.bias"]
-            pre_activations.append(z)
-            h = z if layer == self.model.layers - 1 else activate(z, self.model.activation)
+        kept_inputs, pre_activations, h = piece_forward(self.model, layers, h)
         output_grad = None
         if piece == len(self.pieces) - 1:
             value, output_grad = self.loss_fn(h, self.targets[op.microbatch])
             share = self.shares[op.microbatch]
-            self.loss += share * value
-            output_grad = share * output_grad
+            self.loss, output_grad = self.loss + share * value, share * output_grad
             h = None                                  # nothing to send: the loss is here
         self.held[(op.microbatch, op.chunk)] = (kept_inputs, pre_activations, output_grad)
         self.peak_held = max(self.peak_held, len(self.held))
@@ -543,39 +579,25 @@ class MLPStageWork:
     def backward(self, op, grad):
         piece, layers = self._piece(op)
         kept_inputs, pre_activations, output_grad = self.held[(op.microbatch, op.chunk)]
-        g = output_grad if grad is None else grad
-        dz = [None] * len(layers)
-        for position in reversed(range(len(layers))):
-            layer = layers[position]
-            if layer < self.model.layers - 1:
-                g = g * activation_derivative(pre_activations[position], self.model.activation)
-            dz[position] = g
-            if layer > 0:                             # the model's input needs no gradient
-                g = g @ self.model.params[f"layer{layer}.weight"].T
+        dz, g = piece_backward(self.model, layers, pre_activations,
+                               output_grad if grad is None else grad)
         if self.split:
             self.held[(op.microbatch, op.chunk)] = (kept_inputs, dz)
         else:
-            self._weight_grads(layers, kept_inputs, dz)
+            accumulate_weight_grads(self.grads, layers, kept_inputs, dz)
             del self.held[(op.microbatch, op.chunk)]
         return g if piece > 0 else None
 
     def weight(self, op):
         piece, layers = self._piece(op)
         kept_inputs, dz = self.held.pop((op.microbatch, op.chunk))
-        self._weight_grads(layers, kept_inputs, dz)
-
-    def _weight_grads(self, layers, kept_inputs, dz):
-        for layer, x, g in zip(layers, kept_inputs, dz):
-            weight, bias = f"layer{layer}.weight", f"layer{layer}.bias"
-            if weight in self.grads:
-                self.grads[weight] += x.T @ g
-            if bias in self.grads:
-                self.grads[bias] += g.sum(axis=0)
+        accumulate_weight_grads(self.grads, layers, kept_inputs, dz)
 
     def done(self):
         return {"loss": self.loss, "grads": self.grads, "peak_held": self.peak_held}
 
 
+# -- cell 82
 class PipelineGradients(NamedTuple):
     """What pipeline_gradients returns: the batch's mean loss, the gradients (name → array,
     in the model's parameter order), the most (micro-batch, chunk) pairs each stage actually

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 19
+# -- cell 22
 import numbers
 
 import numpy as np
@@ -59,6 +59,7 @@ def check_comm(comm, tp: int, rank: int, what: str) -> None:
                          f"with tp = comm.size and rank = comm.rank")
 
 
+# -- cell 23
 def matmul_flops(a, b) -> int:
     """FLOPs of a @ b, counting a multiply-add as 2: 2·(rows of a)·k·(columns of b), read from
     the operands' shapes (batched matmuls included)."""
@@ -73,7 +74,7 @@ def spend_flops(comm, flops: float, flop_rate):
         yield comm.compute(flops / flop_rate)
 
 
-# -- cell 21
+# -- cell 25
 def copy_to_tp(x):
     """Megatron's f, forward: the identity. Every rank already holds the whole input X of a
     column-parallel layer, so entering the tensor-parallel region costs nothing."""
@@ -98,7 +99,7 @@ def reduce_from_tp_backward(dy):
     return dy
 
 
-# -- cell 23
+# -- cell 27
 def _check_same(got, expected, what: str):
     if got != expected:
         raise ValueError(f"{what} must have shape {expected}, got {got}")
@@ -120,6 +121,7 @@ class _ShardedLinear:
         self._x = None
 
 
+# -- cell 28
 class ColumnParallelLinear(_ShardedLinear):
     """Rank r's share of Y = X·A + b with A (in, out) split by columns (Megatron-LM, Shoeybi
     et al. 2019): Y_r = X·A_r + b_r. Forward needs no communication (f = identity); backward
@@ -164,7 +166,7 @@ class ColumnParallelLinear(_ShardedLinear):
         return dx, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 25
+# -- cell 30
 class RowParallelLinear(_ShardedLinear):
     """Rank r's share of Z = Y·B + c with B (in, out) split by rows: rank r holds the input
     columns Y_r (as a column-parallel layer leaves them) and rows B_r; Z = Σ_r Y_r·B_r + c.
@@ -209,7 +211,7 @@ class RowParallelLinear(_ShardedLinear):
         return dx_shard, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 27
+# -- cell 32
 class ParallelMLP:
     """The Megatron MLP: Z = GELU(X·A + a)·B + b with A column-parallel and B row-parallel.
     Rank r computes GELU(X·A_r + a_r) — its own columns of the hidden layer, since GELU acts
@@ -253,7 +255,7 @@ class ParallelMLP:
                     "proj.weight": proj_grads["weight"], "proj.bias": proj_grads["bias"]}
 
 
-# -- cell 29
+# -- cell 34
 class ParallelAttention:
     """Head-parallel causal self-attention (Megatron-LM): rank r owns `heads` of the layer's
     heads — its columns of the fused QKV projection (column-parallel, no communication) and
@@ -308,7 +310,7 @@ class ParallelAttention:
                     "proj.weight": proj_grads["weight"], "proj.bias": proj_grads["bias"]}
 
 
-# -- cell 31
+# -- cell 36
 # How each parameter of a TransformerBlock is cut across tensor-parallel ranks.
 BLOCK_PARTITION = {
     "ln1.weight": "replicated", "ln1.bias": "replicated",
@@ -366,6 +368,7 @@ def shard_block_params(params: dict, heads: int, tp: int, rank: int) -> dict:
     return shard
 
 
+# -- cell 37
 def gather_block_grads(grads_per_rank: list, heads: int) -> dict:
     """The whole block's gradients from every rank's shard gradients (rank order), the inverse
     of shard_block_params. Replicated parameters must have the same gradient on every rank."""
@@ -388,7 +391,27 @@ def gather_block_grads(grads_per_rank: list, heads: int) -> dict:
     return full
 
 
-# -- cell 32
+# -- cell 38
+def parallel_sublayers(params: dict, heads: int, tp: int, rank: int, **options):
+    """Rank `rank`'s attention (head-parallel: column-parallel QKV, row-parallel projection)
+    and MLP (column- then row-parallel) of a block, from its shard of the parameters;
+    `options` (flop_rate, algorithm) go to every linear layer."""
+    first, last = shard_range(heads, tp, rank, "attention heads")
+    attention = ParallelAttention(
+        ColumnParallelLinear(params["attn.qkv.weight"], params["attn.qkv.bias"], tp, rank,
+                             **options),
+        RowParallelLinear(params["attn.proj.weight"], params["attn.proj.bias"], tp, rank,
+                          **options),
+        last - first)
+    mlp = ParallelMLP(
+        ColumnParallelLinear(params["mlp.fc.weight"], params["mlp.fc.bias"], tp, rank,
+                             **options),
+        RowParallelLinear(params["mlp.proj.weight"], params["mlp.proj.bias"], tp, rank,
+                          **options))
+    return attention, mlp
+
+
+# -- cell 39
 class TensorParallelBlock:
     """A TransformerBlock split over tp ranks, Megatron-style: LayerNorms and residuals on every
     rank (replicated), attention head-parallel, the MLP column- then row-parallel. Two
@@ -404,19 +427,8 @@ class TensorParallelBlock:
         self.tp, self.rank, self.heads = int(tp), int(rank), int(heads)
         self.ln = {name: params[name] for name in ("ln1.weight", "ln1.bias", "ln2.weight",
                                                    "ln2.bias")}
-        options = {"flop_rate": flop_rate, "algorithm": algorithm}
-        first, last = shard_range(heads, tp, rank, "attention heads")
-        self.attention = ParallelAttention(
-            ColumnParallelLinear(params["attn.qkv.weight"], params["attn.qkv.bias"], tp, rank,
-                                 **options),
-            RowParallelLinear(params["attn.proj.weight"], params["attn.proj.bias"], tp, rank,
-                              **options),
-            last - first)
-        self.mlp = ParallelMLP(
-            ColumnParallelLinear(params["mlp.fc.weight"], params["mlp.fc.bias"], tp, rank,
-                                 **options),
-            RowParallelLinear(params["mlp.proj.weight"], params["mlp.proj.bias"], tp, rank,
-                              **options))
+        self.attention, self.mlp = parallel_sublayers(params, heads, tp, rank,
+                                                      flop_rate=flop_rate, algorithm=algorithm)
         self._cache = None
 
     @classmethod
@@ -457,6 +469,7 @@ class TensorParallelBlock:
         return da + dln1_in, {name: grads[name] for name in BLOCK_PARTITION}
 
 
+# -- cell 40
 def tensor_parallel_block_step(comm, params: dict, heads: int, x, dout, flop_rate=None,
                                algorithm: str = "ring"):
     """Rank program: cut this rank's shard of a whole block's `params` (tp = comm.size), run
@@ -471,7 +484,7 @@ def tensor_parallel_block_step(comm, params: dict, heads: int, x, dout, flop_rat
     return {"output": y, "input_grad": dx, "grads": grads, "forward_end": forward_end}
 
 
-# -- cell 34
+# -- cell 42
 from dsml.collectives import cost
 
 # The model: per block and pass, one all-reduce after attention and one after the MLP (g
@@ -523,6 +536,7 @@ def bytes_sent(trace, rank=None, start: float = 0.0, end: float = float("inf")) 
                if r.op in SENDING_OPS and (rank is None or r.rank == rank) and start <= r.start < end)
 
 
+# -- cell 43
 def count_collectives(trace, rank: int, start: float = 0.0, end: float = float("inf")) -> int:
     """How many separate bursts of communication `rank` made in [start, end) s: maximal runs of
     message records with no compute record between them. Each collective is one burst when the

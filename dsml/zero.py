@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 92
+# -- cell 112
 import numbers
 
 import numpy as np
@@ -48,6 +48,7 @@ def zero_memory_formula(stage: int, n_params: int, world_size: int, param_bytes:
             "optimizer": optimizer_bytes * (shard if stage >= 1 else n_params)}
 
 
+# -- cell 113
 def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: float = 2,
                       grad_bytes: float = 2) -> float:
     """Bytes each rank sends per training step with ring collectives (week 2), Ψ = n_params.
@@ -68,7 +69,7 @@ def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: f
     return share * (grad_bytes + 2 * param_bytes)
 
 
-# -- cell 97
+# -- cell 118
 from dataclasses import dataclass
 
 from dsml.data_parallel import flatten
@@ -127,6 +128,7 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
             master + states * np.dtype(kept).itemsize)
 
 
+# -- cell 119
 def fsdp_units(model) -> list:
     """The sharding units, one per layer as FSDP wraps them: [(unit name, layout), …] in
     forward order, where layout [(parameter name, shape), …] is week 3's flatten layout of
@@ -161,7 +163,7 @@ def mlp_layer_backward(g, inputs, pre, weight, activation, last: bool, first: bo
     return grad_weight, grad_bias, grad_input
 
 
-# -- cell 101
+# -- cell 123
 LEDGER_CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
 
@@ -216,7 +218,7 @@ class MemoryLedger:
         return {"peak": self.peak, "at_peak": dict(self.at_peak), "now": dict(self.now)}
 
 
-# -- cell 103
+# -- cell 125
 from dsml.collectives import allreduce, reduce_scatter
 from dsml.collectives.allgather import allgather_ring_blocks
 from dsml.collectives.buffers import block_sizes, split
@@ -260,6 +262,7 @@ def optimizer_state_arrays(optimizer) -> list:
     return arrays
 
 
+# -- cell 126
 def check_zero_arguments(stage, model, X, y, optimizer, precision, loss) -> int:
     """Every argument of zero_data_parallel that can be checked before training: the stage as
     an int, or a ValueError naming the argument, its value and what is valid."""
@@ -281,6 +284,146 @@ def check_zero_arguments(stage, model, X, y, optimizer, precision, loss) -> int:
     return stage
 
 
+# -- cell 127
+from types import SimpleNamespace
+
+
+def _zero_state(comm, stage, model, spec, ledger) -> SimpleNamespace:
+    """What a rank keeps between steps under ZeRO `stage`: for every unit (layer) its size, this
+    rank's piece, the weights (whole, or the piece in stage 3), the optimizer's master copy
+    (whole in stage 0, else the piece), the gradient buffer (whole in stages 0–1, else the
+    piece), and `updated` — what the optimizer updates in place. Registered with `ledger`."""
+    units = fsdp_units(model)
+    size, piece, params, master, grads = {}, {}, {}, {}, {}
+    for name, layout in units:
+        initial = fsdp_unit_vector(model, layout)
+        size[name] = len(initial)
+        piece[name] = shard_bounds(len(initial), comm.size, comm.rank)
+        start, stop = piece[name]
+        params[name] = (initial[start:stop] if stage == 3 else initial).astype(spec.param)
+        if spec.master is not None:
+            master[name] = (initial if stage == 0 else initial[start:stop]).astype(spec.master)
+        grads[name] = np.zeros(size[name] if stage <= 1 else stop - start, dtype=spec.grad)
+    ledger.hold("params", "params", params.values())
+    ledger.hold("grads", "grads", grads.values())
+    ledger.hold("optimizer", "optimizer", master.values())
+    # What the optimizer updates in place: the master copy, or this rank's part of the weights.
+    updated = {}
+    for name, _ in units:
+        start, stop = piece[name]
+        if master:
+            updated[name] = master[name]
+        else:
+            updated[name] = params[name][start:stop] if stage in (1, 2) else params[name]
+    return SimpleNamespace(units=units, size=size, piece=piece, params=params, master=master,
+                           grads=grads, updated=updated, ledger=ledger, stage=stage)
+
+
+# -- cell 128
+def _unit_weights(comm, state, name):
+    """Generator: a unit's whole weights — gathered into a buffer in stage 3, else held."""
+    if state.stage == 3:
+        return (yield from fsdp_gather_unit(comm, state.ledger, name, state.params[name],
+                                            state.size[name]))
+    return state.params[name]
+
+
+def _release(state, name) -> None:
+    """Stage 3 frees a unit's gathered buffer as soon as the pass is done with it."""
+    if state.stage == 3:
+        state.ledger.free(f"gathered {name}")
+
+
+def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop):
+    """Generator: the forward pass of this rank's shard, layer by layer (stage 3 gathers each
+    layer just before it is used). Returns (inputs, pre-activations, dL/d output, loss sum)."""
+    examples, last_layer = len(shard), len(state.units) - 1
+    h = np.asarray(X[shard], dtype=np.float64)
+    inputs, pre = [], []
+    for i, (name, layout) in enumerate(state.units):
+        weights = yield from _unit_weights(comm, state, name)
+        if examples:
+            inputs.append(h)
+            z, h = fsdp_unit_forward(h, weights, layout, model.activation, i == last_layer)
+            pre.append(z)
+            if seconds_per_flop:
+                yield comm.compute(2 * examples * inputs[i].shape[1] * z.shape[1]
+                                   * seconds_per_flop)
+        _release(state, name)
+        del weights                               # stage 3: the gathered buffer is gone
+    if not examples:
+        return inputs, pre, None, 0.0
+    value, g = LOSSES[loss](h, np.asarray(y)[shard])
+    return inputs, pre, g, value * examples
+
+
+# -- cell 129
+def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
+                   seconds_per_flop):
+    """Generator: the backward pass, last layer first; each layer's gradient, scaled by
+    `factor`, is reduced the moment it exists — all-reduced (stage 0), reduce-scattered into the
+    whole buffer (stage 1) or out of a bucket freed at once (stages 2–3)."""
+    stage, last_layer = state.stage, len(state.units) - 1
+    for i in reversed(range(len(state.units))):
+        name, layout = state.units[i]
+        weights = yield from _unit_weights(comm, state, name)
+        if stage <= 1:
+            bucket = state.grads[name]            # the full-size gradient buffer
+        else:
+            bucket = np.empty(state.size[name], dtype=spec.grad)
+            state.ledger.hold(f"bucket {name}", "buffers", [bucket])
+        if examples:
+            grad_weight, grad_bias, g = mlp_layer_backward(
+                g, inputs[i], pre[i], unflatten(weights, layout)[f"{name}.weight"],
+                model.activation, i == last_layer, i == 0)
+            bucket[:grad_weight.size] = grad_weight.ravel() * factor
+            bucket[grad_weight.size:] = grad_bias * factor
+            if seconds_per_flop:
+                yield comm.compute(4 * examples * grad_weight.size * seconds_per_flop)
+        else:
+            bucket[...] = 0                       # an empty shard adds nothing to the sums
+        _release(state, name)
+        del weights
+        if stage == 0:
+            state.grads[name][...] = yield from allreduce(comm, bucket, algorithm="ring")
+        else:
+            mine = yield from reduce_scatter(comm, bucket, algorithm="ring")
+            if stage == 1:
+                start, stop = state.piece[name]
+                state.grads[name][start:stop] = mine
+            else:
+                state.grads[name][...] = mine
+                state.ledger.free(f"bucket {name}")
+                del bucket
+
+
+# -- cell 130
+def _zero_update(comm, state, opt, spec, step):
+    """Generator: the optimizer step on what this rank owns, unscaled in the optimizer's
+    precision; then the new weights in the forward precision, all-gathered in stages 1–2."""
+    stage, owned = state.stage, {}
+    for name, _ in state.units:
+        start, stop = state.piece[name]
+        gradient = state.grads[name][start:stop] if stage == 1 else state.grads[name]
+        owned[name] = gradient.astype(state.updated[name].dtype) / spec.loss_scale
+        if not np.all(np.isfinite(owned[name])):
+            raise FloatingPointError(f"rank {comm.rank}, step {step}: non-finite gradient "
+                                     f"in {name} (an fp16 overflow? lower the loss scale)")
+    opt.step(state.updated, owned)
+    state.ledger.hold("optimizer", "optimizer", list(state.master.values())
+                      + optimizer_state_arrays(opt))
+    for name, _ in state.units:
+        start, stop = state.piece[name]
+        if state.master:
+            if stage in (1, 2):
+                state.params[name][start:stop] = state.master[name]
+            else:
+                state.params[name][...] = state.master[name]
+        if stage in (1, 2):
+            yield from allgather_pieces(comm, state.params[name])
+
+
+# -- cell 131
 def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1e-3,
                        precision="mixed", loss="cross_entropy", seconds_per_flop: float = 0.0,
                        **hyper):
@@ -306,132 +449,24 @@ def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1
     "memory": MemoryLedger.report()}."""
     stage = check_zero_arguments(stage, model, X, y, optimizer, precision, loss)
     spec = check_state_precision(precision)
-    units = fsdp_units(model)
-    last_layer = len(units) - 1
-    ledger = MemoryLedger()
-
-    # Model state: what this rank keeps between steps.
-    size, piece, params, master, grads = {}, {}, {}, {}, {}
-    for name, layout in units:
-        initial = fsdp_unit_vector(model, layout)
-        size[name] = len(initial)
-        piece[name] = shard_bounds(len(initial), comm.size, comm.rank)
-        start, stop = piece[name]
-        params[name] = (initial[start:stop] if stage == 3 else initial).astype(spec.param)
-        if spec.master is not None:
-            master[name] = (initial if stage == 0 else initial[start:stop]).astype(spec.master)
-        grads[name] = np.zeros(size[name] if stage <= 1 else stop - start, dtype=spec.grad)
-    ledger.hold("params", "params", params.values())
-    ledger.hold("grads", "grads", grads.values())
-    ledger.hold("optimizer", "optimizer", master.values())
+    state = _zero_state(comm, stage, model, spec, MemoryLedger())
     opt = make_optimizer(optimizer, lr, **hyper)
-    # What the optimizer updates in place: the master copy, or this rank's part of the weights.
-    updated = {}
-    for name, _ in units:
-        start, stop = piece[name]
-        if master:
-            updated[name] = master[name]
-        else:
-            updated[name] = params[name][start:stop] if stage in (1, 2) else params[name]
-
     loss_sums = []
     for step, batch in enumerate(batches):
         batch, shard = my_shard(comm, step, batch)
-        examples = len(shard)
         # This shard's share of the batch mean, and the loss scale, applied before rounding.
-        factor = examples / len(batch) * spec.loss_scale
-
-        # Forward, layer by layer (stage 3 gathers each layer just before it is used).
-        h = np.asarray(X[shard], dtype=np.float64)
-        inputs, pre = [], []
-        for i, (name, layout) in enumerate(units):
-            if stage == 3:
-                weights = yield from fsdp_gather_unit(comm, ledger, name, params[name],
-                                                      size[name])
-            else:
-                weights = params[name]
-            if examples:
-                inputs.append(h)
-                z, h = fsdp_unit_forward(h, weights, layout, model.activation, i == last_layer)
-                pre.append(z)
-                if seconds_per_flop:
-                    yield comm.compute(2 * examples * inputs[i].shape[1] * z.shape[1]
-                                       * seconds_per_flop)
-            if stage == 3:
-                ledger.free(f"gathered {name}")
-                del weights                       # the gathered buffer is gone
-        if examples:
-            value, g = LOSSES[loss](h, np.asarray(y)[shard])
-            loss_sums.append(value * examples)
-        else:
-            loss_sums.append(0.0)
-
-        # Backward, last layer first; each layer's gradient is reduced as soon as it exists.
-        for i in reversed(range(len(units))):
-            name, layout = units[i]
-            if stage == 3:
-                weights = yield from fsdp_gather_unit(comm, ledger, name, params[name],
-                                                      size[name])
-            else:
-                weights = params[name]
-            if stage <= 1:
-                bucket = grads[name]              # the full-size gradient buffer
-            else:
-                bucket = np.empty(size[name], dtype=spec.grad)
-                ledger.hold(f"bucket {name}", "buffers", [bucket])
-            if examples:
-                grad_weight, grad_bias, g = mlp_layer_backward(
-                    g, inputs[i], pre[i], unflatten(weights, layout)[f"{name}.weight"],
-                    model.activation, i == last_layer, i == 0)
-                bucket[:grad_weight.size] = grad_weight.ravel() * factor
-                bucket[grad_weight.size:] = grad_bias * factor
-                if seconds_per_flop:
-                    yield comm.compute(4 * examples * grad_weight.size * seconds_per_flop)
-            else:
-                bucket[...] = 0                   # an empty shard adds nothing to the sums
-            if stage == 3:
-                ledger.free(f"gathered {name}")
-                del weights
-            if stage == 0:
-                grads[name][...] = yield from allreduce(comm, bucket, algorithm="ring")
-            else:
-                mine = yield from reduce_scatter(comm, bucket, algorithm="ring")
-                if stage == 1:
-                    start, stop = piece[name]
-                    grads[name][start:stop] = mine
-                else:
-                    grads[name][...] = mine
-                    ledger.free(f"bucket {name}")
-                    del bucket
-
-        # The optimizer step on what this rank owns, unscaled in the optimizer's precision.
-        owned = {}
-        for name, _ in units:
-            start, stop = piece[name]
-            gradient = grads[name][start:stop] if stage == 1 else grads[name]
-            owned[name] = gradient.astype(updated[name].dtype) / spec.loss_scale
-            if not np.all(np.isfinite(owned[name])):
-                raise FloatingPointError(f"rank {comm.rank}, step {step}: non-finite gradient "
-                                         f"in {name} (an fp16 overflow? lower the loss scale)")
-        opt.step(updated, owned)
-        ledger.hold("optimizer", "optimizer", list(master.values())
-                    + optimizer_state_arrays(opt))
-
-        # The new weights in the forward precision; stages 1–2 gather everyone's pieces.
-        for name, _ in units:
-            start, stop = piece[name]
-            if master:
-                if stage in (1, 2):
-                    params[name][start:stop] = master[name]
-                else:
-                    params[name][...] = master[name]
-            if stage in (1, 2):
-                yield from allgather_pieces(comm, params[name])
-    return {"params": params, "master": master or None, "loss_sums": loss_sums,
-            "memory": ledger.report()}
+        factor = len(shard) / len(batch) * spec.loss_scale
+        inputs, pre, g, loss_sum = yield from _zero_forward(comm, state, model, X, y, shard,
+                                                             loss, seconds_per_flop)
+        loss_sums.append(loss_sum)
+        yield from _zero_backward(comm, state, model, spec, inputs, pre, g, len(shard), factor,
+                                  seconds_per_flop)
+        yield from _zero_update(comm, state, opt, spec, step)
+    return {"params": state.params, "master": state.master or None, "loss_sums": loss_sums,
+            "memory": state.ledger.report()}
 
 
-# -- cell 105
+# -- cell 133
 from dsml.comm.run import run
 
 
@@ -465,6 +500,7 @@ class ZeroRun:
     trace: object
 
 
+# -- cell 134
 def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = "sim",
                network=None, optimizer: str = "adam", lr: float = 1e-3, precision="mixed",
                loss: str = "cross_entropy", seconds_per_flop: float = 0.0,

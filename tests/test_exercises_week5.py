@@ -33,6 +33,10 @@ def tp_elements_not_bytes(batch, seq, hidden, tp, itemsize):
     return 2 * 2 * (tp - 1) * batch * seq * hidden / tp
 
 
+def tp_ring_without_2(batch, seq, hidden, tp, itemsize):
+    return 2 * (tp - 1) * batch * seq * hidden * itemsize / tp     # (t − 1)/t · n per all-reduce
+
+
 # --- 5.2: bubble fraction ----------------------------------------------------------------------
 
 def bubble_over_busy(busy):
@@ -54,6 +58,15 @@ def bubble_busy_share(busy):
 
 def one_f_one_b_warmup_p_minus_i(stage, stages, microbatches):
     warmup = min(stages - stage, microbatches)
+    ops, done = [("F", j) for j in range(warmup)], 0
+    for j in range(warmup, microbatches):
+        ops += [("F", j), ("B", done)]
+        done += 1
+    return ops + [("B", j) for j in range(done, microbatches)]
+
+
+def one_f_one_b_warmup_uncapped(stage, stages, microbatches):
+    warmup = stages - stage - 1                     # forgets that m may be smaller
     ops, done = [("F", j) for j in range(warmup)], 0
     for j in range(warmup, microbatches):
         ops += [("F", j), ("B", done)]
@@ -106,6 +119,10 @@ def gpt_untied_head(layers, hidden, vocab, positions):
 
 def gpt_without_biases(layers, hidden, vocab, positions):
     return solution.gpt_num_params(layers, hidden, vocab, positions) - 9 * hidden * layers
+
+
+def gpt_mlp_2h(layers, hidden, vocab, positions):
+    return solution.gpt_num_params(layers, hidden, vocab, positions) - 4 * hidden * hidden * layers
 
 
 # --- 5.7: activation bytes ---------------------------------------------------------------------
@@ -161,12 +178,14 @@ def fit_largest(model, dp, pp, zero, micro_batch, microbatches, device_gb):
 
 
 WRONG = {
-    "5.1": [tp_one_allreduce, tp_whole_tensor_each_step, tp_elements_not_bytes],
+    "5.1": [tp_one_allreduce, tp_whole_tensor_each_step, tp_elements_not_bytes,
+            tp_ring_without_2],
     "5.2": [bubble_over_busy, bubble_per_stage_span, bubble_busy_share],
-    "5.3": [one_f_one_b_warmup_p_minus_i, one_f_one_b_gpipe],
+    "5.3": [one_f_one_b_warmup_p_minus_i, one_f_one_b_gpipe, one_f_one_b_warmup_uncapped],
     "5.4": [peak_counts_forwards, peak_before_first_backward],
     "5.5": [zero_stage2_keeps_gradients, zero_k_includes_weights_and_grads, zero_fixed_k],
-    "5.6": [gpt_narayanan, gpt_without_final_norm, gpt_untied_head, gpt_without_biases],
+    "5.6": [gpt_narayanan, gpt_without_final_norm, gpt_untied_head, gpt_without_biases,
+            gpt_mlp_2h],
     "5.7": [activations_keep_attention, activations_attention_not_split,
             activations_ignore_sequence_parallel],
     "5.8": [fit_model_state_only, fit_powers_of_two, fit_largest],
@@ -174,15 +193,16 @@ WRONG = {
 
 HINT_WORDS = {
     tp_one_allreduce: "backward", tp_whole_tensor_each_step: "blocks",
-    tp_elements_not_bytes: "itemsize",
+    tp_elements_not_bytes: "itemsize", tp_ring_without_2: "factor 2",
     bubble_over_busy: "idle ÷ busy", bubble_per_stage_span: "waiting to begin",
     bubble_busy_share: "busy fraction",
     one_f_one_b_warmup_p_minus_i: "warm-up forward too many", one_f_one_b_gpipe: "GPipe",
+    one_f_one_b_warmup_uncapped: "runs out of micro-batches",
     peak_counts_forwards: "counts every forward", peak_before_first_backward: "not always",
     zero_stage2_keeps_gradients: "also shards the gradients",
     zero_k_includes_weights_and_grads: "counted apart", zero_fixed_k: "k given",
     gpt_narayanan: "approximation", gpt_without_final_norm: "final LayerNorm",
-    gpt_untied_head: "ties", gpt_without_biases: "biases",
+    gpt_untied_head: "ties", gpt_without_biases: "biases", gpt_mlp_2h: "tensor by tensor",
     activations_keep_attention: "Selective", activations_attention_not_split: "a/t heads",
     activations_ignore_sequence_parallel: "34/t",
     fit_model_state_only: "activations", fit_powers_of_two: "not only powers of two",

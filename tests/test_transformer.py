@@ -17,7 +17,8 @@ import math
 import numpy as np
 import pytest
 
-from dsml.train.transformer import (TransformerBlock, block_param_shapes,
+from dsml.train.transformer import (RECOMPUTE_MODES, TransformerBlock, block_param_shapes,
+                                    recomputed_step,
                                     causal_attention_backward, causal_attention_forward, gelu,
                                     gelu_grad, layer_norm_backward, layer_norm_forward)
 
@@ -258,3 +259,25 @@ def test_wrong_input_shapes_and_backward_before_forward_are_errors():
     with pytest.raises(ValueError, match=r"dout must have the output's shape \(2, 3, 8\), "
                                          r"got \(2, 4, 8\)"):
         block.backward(np.zeros((2, 4, 8)))
+
+
+@pytest.mark.parametrize("batch, seq, hidden, heads", SHAPES)
+def test_recomputation_keeps_less_and_changes_nothing(batch, seq, hidden, heads):
+    """Held bytes against Korthikanti et al.'s per-layer count with the dropout terms removed
+    (16sbh + as²b elements, plus the LayerNorms' 2sb statistics), written out here; dx and the
+    gradients bit-identical to keeping everything."""
+    rng = np.random.default_rng(SEED)
+    block = TransformerBlock(hidden, heads, seed=SEED)
+    x = rng.normal(size=(batch, seq, hidden))
+    dout = rng.normal(size=(batch, seq, hidden))
+    runs = {mode: recomputed_step(block, x, dout, mode) for mode in RECOMPUTE_MODES}
+    sbh, scores, stats = seq * batch * hidden, heads * seq * seq * batch, 2 * seq * batch
+    assert runs["none"][2] == 8 * (16 * sbh + scores + stats)
+    assert runs["selective"][2] == 8 * (16 * sbh + stats)
+    assert runs["full"][2] == 8 * sbh
+    for mode in ("selective", "full"):
+        assert np.array_equal(runs[mode][0], runs["none"][0])
+        for name, grad in runs["none"][1].items():
+            assert np.array_equal(runs[mode][1][name], grad)
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        recomputed_step(block, x, dout, "some")

@@ -32,7 +32,9 @@ from dsml.net.alphabeta import AlphaBeta
 # --- 5.1: the bytes of tensor parallelism ----------------------------------------------------
 
 # (batch, sequence, hidden, tensor-parallel size, bytes per element): b·s·h divisible by t.
-TP_CASES = [(2, 16, 64, 4, 2), (1, 8, 48, 3, 4), (4, 32, 256, 8, 2), (3, 10, 20, 2, 8),
+# The first case has 4-byte elements, so that leaving out the bytes (÷ 4) and leaving out a
+# factor 2 (÷ 2) give different numbers and different hints.
+TP_CASES = [(2, 16, 64, 4, 4), (1, 8, 48, 3, 2), (4, 32, 256, 8, 2), (3, 10, 20, 2, 8),
             (2, 4, 8, 1, 2)]
 
 
@@ -63,8 +65,10 @@ def check_tp_mlp_bytes(tp_mlp_bytes):
             continue
         n = batch * seq * hidden * itemsize
         if expected and math.isclose(got, expected / 2):
-            advice = ("That is one all-reduce: the backward pass needs a second one (the "
-                      "gradient with respect to the MLP's input is a sum over the ranks too).")
+            advice = ("That is half the bytes. Perhaps one all-reduce only: the backward pass "
+                      "needs a second one (the gradient with respect to the MLP's input is a "
+                      "sum over the ranks too). Or perhaps the ring's factor 2: a ring "
+                      "all-reduce is a reduce-scatter and then an all-gather, and each sends.")
         elif math.isclose(got, 2 * 2 * (tp - 1) * n):
             advice = ("A ring all-reduce does not send the whole tensor p − 1 times: it sends "
                       "p − 1 blocks of n/p in its reduce-scatter and p − 1 in its all-gather.")
@@ -167,7 +171,9 @@ def one_f_one_b_reference(stage: int, stages: int, microbatches: int) -> list:
     return ops
 
 
-ONE_F_ONE_B_CASES = [(0, 4, 8), (2, 4, 8), (3, 4, 8), (0, 3, 2), (1, 5, 3), (0, 1, 4), (4, 6, 6)]
+# (0, 6, 3) and (1, 8, 2): fewer micro-batches than the warm-up p − i − 1 would want.
+ONE_F_ONE_B_CASES = [(0, 4, 8), (2, 4, 8), (3, 4, 8), (0, 3, 2), (0, 6, 3), (1, 5, 3), (0, 1, 4),
+                     (4, 6, 6), (1, 8, 2)]
 
 
 def _as_ops(got, call) -> list:
@@ -188,7 +194,11 @@ def check_one_f_one_b(one_f_one_b):
             continue
         first_b = next((k for k, (kind, _) in enumerate(got) if kind == "B"), len(got))
         want_first_b = next(k for k, (kind, _) in enumerate(expected) if kind == "B")
-        if sorted(got) != sorted(expected):
+        if any(j >= m for _, j in got) and m < stages - stage - 1:
+            advice = (f"Micro-batch numbers run past m − 1 = {m - 1}: here m is smaller than "
+                      f"p − i − 1 = {stages - stage - 1}, so the warm-up runs out of "
+                      f"micro-batches before it is done.")
+        elif sorted(got) != sorted(expected):
             advice = "Each micro-batch needs exactly one F and one B on every stage."
         elif got == [("F", j) for j in range(m)] + [("B", j) for j in range(m)]:
             advice = ("That is GPipe's order (all forwards, then all backwards), which holds all "
@@ -350,8 +360,10 @@ def check_gpt_num_params(gpt_num_params):
             advice = ("The linear layers' biases are missing: 3h + h + 4h + h = 9h per layer "
                       "(GPT-2 has a bias on every linear layer).")
         else:
-            advice = ("Per layer 12h² + 13h; plus (V + s)h for the embeddings and 2h for the "
-                      "final LayerNorm.")
+            advice = ("Count tensor by tensor: in each layer two LayerNorms, the attention's "
+                      "input and output projections and the MLP's two matrices, each linear "
+                      "layer with its bias; then the two embedding tables and the final "
+                      "LayerNorm. Try layers=1 with a small hidden size by hand.")
         raise Wrong(f"{call} returned {got:.0f}, expected {expected}. {advice}")
     return "exact for GPT-2 small and medium and for small odd shapes"
 
@@ -408,7 +420,7 @@ def check_activation_bytes(activation_bytes):
 FIT_CASES = [("llama2-7b", 8, 1, 1, 1, 8, 80), ("llama2-70b", 8, 4, 1, 1, 16, 80),
              ("gpt2-xl", 1, 1, 0, 8, 1, 40), ("llama2-70b", 1, 1, 0, 1, 1, 80),
              ("llama2-13b", 2, 1, 0, 2, 4, 80), ("gpt2-large", 2, 1, 0, 16, 2, 24),
-             ("llama2-70b", 16, 8, 3, 1, 32, 80)]
+             ("llama2-70b", 16, 8, 1, 1, 32, 80)]
 
 
 def _allowed_tp(config) -> list:

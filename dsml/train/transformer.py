@@ -61,6 +61,19 @@ def linear_backward(dy, x, weight):
     return dy @ weight.T, rows_x.T @ rows_dy, rows_dy.sum(axis=0)
 
 
+def attention_weights(q, k):
+    """Causal softmax(q·kᵀ/√d) over the keys: q, k (b, heads, s, d) → weights (b, heads, s, s),
+    position i attending to positions ≤ i."""
+    seq, d = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
+    future = np.triu(np.ones((seq, seq), dtype=bool), k=1)
+    scores = np.where(future, -np.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)     # exp never overflows
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
+
+
 def causal_attention_forward(qkv, heads: int):
     """Causal multi-head attention (Vaswani et al. 2017; GPT-2's masking) on projected inputs.
 
@@ -76,16 +89,12 @@ def causal_attention_forward(qkv, heads: int):
             .transpose(0, 2, 1, 3)
 
     q, k, v = per_head(0), per_head(1), per_head(2)
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)
-    future = np.triu(np.ones((seq, seq), dtype=bool), k=1)
-    scores = np.where(future, -np.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)     # exp never overflows
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)
+    weights = attention_weights(q, k)
     out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, seq, width)
     return out, (q, k, v, weights)
 
 
+# -- cell 14
 def causal_attention_backward(dout, cache):
     """dL/dqkv (b, s, 3·heads·d) of causal_attention_forward, given dL/dout (b, s, heads·d)."""
     q, k, v, weights = cache
@@ -105,7 +114,7 @@ def causal_attention_backward(dout, cache):
     return np.concatenate([merged(dq), merged(dk), merged(dv)], axis=-1)
 
 
-# -- cell 14
+# -- cell 15
 def block_param_shapes(hidden: int) -> dict:
     """Name → shape of every parameter of a block of width `hidden`, in forward order.
     Weights are (in, out), as in dsml.train.MLP; the MLP is 4·hidden wide (GPT-2)."""
@@ -128,6 +137,58 @@ def check_block_shape(hidden: int, heads: int) -> None:
                          f"hidden/heads columns of Q, K and V")
 
 
+# -- cell 16
+def init_block_params(hidden: int, seed: int = 0, dtype=np.float64, std: float = 0.02) -> dict:
+    """A block's parameters drawn as GPT-2 draws them: weights N(0, std²), biases 0, LayerNorm
+    weights 1 (names and shapes from block_param_shapes)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in block_param_shapes(hidden).items():
+        if name.endswith(".bias"):
+            value = np.zeros(shape)
+        elif name.startswith("ln"):
+            value = np.ones(shape)
+        else:
+            value = std * rng.standard_normal(shape)
+        params[name] = value.astype(dtype)
+    return params
+
+
+def block_forward(p: dict, heads: int, x):
+    """The block's output for x (b, s, h) with parameters p, and what its backward needs."""
+    ln1, ln1_cache = layer_norm_forward(x, p["ln1.weight"], p["ln1.bias"])
+    qkv = linear_forward(ln1, p["attn.qkv.weight"], p["attn.qkv.bias"])
+    heads_out, attention_cache = causal_attention_forward(qkv, heads)
+    a = x + linear_forward(heads_out, p["attn.proj.weight"], p["attn.proj.bias"])
+    ln2, ln2_cache = layer_norm_forward(a, p["ln2.weight"], p["ln2.bias"])
+    pre = linear_forward(ln2, p["mlp.fc.weight"], p["mlp.fc.bias"])
+    hidden4 = gelu(pre)
+    y = a + linear_forward(hidden4, p["mlp.proj.weight"], p["mlp.proj.bias"])
+    return y, (ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4)
+
+
+def block_backward(p: dict, cache, dy):
+    """(dL/dx, every parameter's gradient) of block_forward, given dL/dy and its cache."""
+    ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4 = cache
+    g = {}
+    # MLP branch: y = a + proj(gelu(fc(ln2(a))))
+    dhidden4, g["mlp.proj.weight"], g["mlp.proj.bias"] = linear_backward(
+        dy, hidden4, p["mlp.proj.weight"])
+    dpre = dhidden4 * gelu_grad(pre)
+    dln2, g["mlp.fc.weight"], g["mlp.fc.bias"] = linear_backward(dpre, ln2, p["mlp.fc.weight"])
+    dln2_in, g["ln2.weight"], g["ln2.bias"] = layer_norm_backward(dln2, ln2_cache)
+    da = dy + dln2_in                                  # the residual adds the two paths
+    # attention branch: a = x + proj(attention(qkv(ln1(x))))
+    dheads, g["attn.proj.weight"], g["attn.proj.bias"] = linear_backward(
+        da, heads_out, p["attn.proj.weight"])
+    dqkv = causal_attention_backward(dheads, attention_cache)
+    dln1, g["attn.qkv.weight"], g["attn.qkv.bias"] = linear_backward(
+        dqkv, ln1, p["attn.qkv.weight"])
+    dln1_in, g["ln1.weight"], g["ln1.bias"] = layer_norm_backward(dln1, ln1_cache)
+    return da + dln1_in, g
+
+
+# -- cell 17
 class TransformerBlock:
     """One pre-LayerNorm GPT-2 block with explicit forward and backward passes:
 
@@ -143,16 +204,7 @@ class TransformerBlock:
                  std: float = 0.02):
         check_block_shape(hidden, heads)
         self.hidden, self.heads, self.dtype = int(hidden), int(heads), np.dtype(dtype)
-        rng = np.random.default_rng(seed)
-        self.params = {}
-        for name, shape in block_param_shapes(self.hidden).items():
-            if name.endswith(".bias"):
-                value = np.zeros(shape)
-            elif name.startswith("ln"):
-                value = np.ones(shape)
-            else:
-                value = std * rng.standard_normal(shape)
-            self.params[name] = value.astype(self.dtype)
+        self.params = init_block_params(self.hidden, seed, self.dtype, std)
         self.frozen = set()
         self._cache = None
 
@@ -164,44 +216,73 @@ class TransformerBlock:
         x = np.asarray(x, dtype=self.dtype)
         if x.ndim != 3 or x.shape[-1] != self.hidden:
             raise ValueError(f"expected x of shape (batch, seq, {self.hidden}), got {x.shape}")
-        p = self.params
-        ln1, ln1_cache = layer_norm_forward(x, p["ln1.weight"], p["ln1.bias"])
-        qkv = linear_forward(ln1, p["attn.qkv.weight"], p["attn.qkv.bias"])
-        heads_out, attention_cache = causal_attention_forward(qkv, self.heads)
-        a = x + linear_forward(heads_out, p["attn.proj.weight"], p["attn.proj.bias"])
-        ln2, ln2_cache = layer_norm_forward(a, p["ln2.weight"], p["ln2.bias"])
-        pre = linear_forward(ln2, p["mlp.fc.weight"], p["mlp.fc.bias"])
-        hidden4 = gelu(pre)
-        y = a + linear_forward(hidden4, p["mlp.proj.weight"], p["mlp.proj.bias"])
-        self._cache = (ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4)
+        y, self._cache = block_forward(self.params, self.heads, x)
         return y
 
     def backward_with_input(self, dout):
         """(dL/dx, gradients of the non-frozen parameters) given dL/dy of the last forward."""
         if self._cache is None:
             raise RuntimeError("call forward before backward")
-        ln1_cache, ln1, attention_cache, heads_out, ln2_cache, ln2, pre, hidden4 = self._cache
+        shape = self._cache[1].shape                   # LN1's output: the block's shape
         dy = np.asarray(dout, dtype=self.dtype)
-        if dy.shape != ln1.shape:
-            raise ValueError(f"dout must have the output's shape {ln1.shape}, got {dy.shape}")
-        p, g = self.params, {}
-        # MLP branch: y = a + proj(gelu(fc(ln2(a))))
-        dhidden4, g["mlp.proj.weight"], g["mlp.proj.bias"] = linear_backward(
-            dy, hidden4, p["mlp.proj.weight"])
-        dpre = dhidden4 * gelu_grad(pre)
-        dln2, g["mlp.fc.weight"], g["mlp.fc.bias"] = linear_backward(dpre, ln2, p["mlp.fc.weight"])
-        dln2_in, g["ln2.weight"], g["ln2.bias"] = layer_norm_backward(dln2, ln2_cache)
-        da = dy + dln2_in                                  # the residual adds the two paths
-        # attention branch: a = x + proj(attention(qkv(ln1(x))))
-        dheads, g["attn.proj.weight"], g["attn.proj.bias"] = linear_backward(
-            da, heads_out, p["attn.proj.weight"])
-        dqkv = causal_attention_backward(dheads, attention_cache)
-        dln1, g["attn.qkv.weight"], g["attn.qkv.bias"] = linear_backward(
-            dqkv, ln1, p["attn.qkv.weight"])
-        dln1_in, g["ln1.weight"], g["ln1.bias"] = layer_norm_backward(dln1, ln1_cache)
-        dx = da + dln1_in
+        if dy.shape != shape:
+            raise ValueError(f"dout must have the output's shape {shape}, got {dy.shape}")
+        dx, g = block_backward(self.params, self._cache, dy)
         return dx, {name: g[name] for name in self.params if name not in self.frozen}
 
     def backward(self, dout):
         """Gradients of the non-frozen parameters (forward order), as dsml.train models give."""
         return self.backward_with_input(dout)[1]
+
+
+# -- cell 210
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def held_bytes(arrays) -> int:
+    """Bytes of the distinct buffers behind `arrays`: a view counts once, with its base."""
+    buffers = {}
+    for array in arrays:
+        base = array
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        buffers[id(base)] = base.nbytes
+    return sum(buffers.values())
+
+
+def _activations(block) -> list:
+    """The arrays a block's cache keeps between forward and backward, parameters left out."""
+    params = {id(value) for value in block.params.values()}
+    flat, stack = [], [block._cache]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and id(item) not in params:
+            flat.append(item)
+    return flat
+
+
+def recomputed_step(block, x, dout, recompute: str = "none"):
+    """Forward then backward of `block`, keeping between them only what `recompute` says:
+    none       the whole cache
+    selective  all but attention's b·a·s² softmax weights, rebuilt from the kept q and k
+               before the backward (Korthikanti et al. 2022's selective recomputation)
+    full       only the input x; the forward runs again before the backward
+    Returns (dx, parameter gradients, bytes of activations held between the two passes)."""
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    x = np.asarray(x, dtype=block.dtype)
+    block.forward(x)
+    if recompute == "full":
+        block._cache, held = None, x.nbytes
+        block.forward(x)
+    elif recompute == "selective":
+        ln1_cache, ln1, (q, k, v, _), *rest = block._cache
+        block._cache = (ln1_cache, ln1, (q, k, v, None), *rest)
+        held = held_bytes(_activations(block))
+        block._cache = (ln1_cache, ln1, (q, k, v, attention_weights(q, k)), *rest)
+    else:
+        held = held_bytes(_activations(block))
+    dx, grads = block.backward_with_input(dout)
+    return dx, grads, held
