@@ -40,6 +40,26 @@ def young_inverted(checkpoint_cost, mtbf):
     return math.sqrt(2 * checkpoint_cost / mtbf)
 
 
+def young_loose_search(checkpoint_cost, mtbf):
+    """A numerical minimiser stopped too early: 1e-4 off."""
+    return math.sqrt(2 * checkpoint_cost * mtbf) * (1 + 1e-4)
+
+
+def young_golden_section(checkpoint_cost, mtbf):
+    """Another right answer: minimise the waste δ/τ + τ/(2M) numerically (golden section)."""
+    def waste(tau):
+        return checkpoint_cost / tau + tau / (2 * mtbf)
+    low, high = 1e-9, 1e9 * (checkpoint_cost + mtbf)
+    ratio = (math.sqrt(5) - 1) / 2
+    while high - low > 1e-12 * high:
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        if waste(a) < waste(b):
+            high = b
+        else:
+            low = a
+    return (low + high) / 2
+
+
 # --- 6.3 ------------------------------------------------------------------------------------------
 
 def job_without_restart(work, interval, checkpoint_cost, restart_cost, failures):
@@ -59,6 +79,41 @@ def job_lost_from_the_start(work, interval, checkpoint_cost, restart_cost, failu
     while failures and failures[0] < now + total:
         now = failures.pop(0) + restart_cost
     return now + total
+
+
+def job_checkpoint_saved_early(work, interval, checkpoint_cost, restart_cost, failures):
+    """Counts a segment as saved once it is computed, before its checkpoint is written."""
+    now, saved, failures = 0.0, 0.0, list(failures)
+    while saved < work:
+        segment = min(interval, work - saved)
+        end = now + segment + (0.0 if saved + segment >= work else checkpoint_cost)
+        if failures and failures[0] < now + segment:
+            now = failures.pop(0) + restart_cost
+            while failures and failures[0] < now:
+                now = failures.pop(0) + restart_cost
+            continue
+        if failures and failures[0] < end:              # crashed in the checkpoint: kept anyway
+            now, saved = failures.pop(0) + restart_cost, saved + segment
+            while failures and failures[0] < now:
+                now = failures.pop(0) + restart_cost
+            continue
+        now, saved = end, saved + segment
+    return now
+
+
+def job_restart_cannot_fail(work, interval, checkpoint_cost, restart_cost, failures):
+    """Drops the crashes that come during a restart."""
+    now, saved, failures = 0.0, 0.0, list(failures)
+    while saved < work:
+        segment = min(interval, work - saved)
+        end = now + segment + (0.0 if saved + segment >= work else checkpoint_cost)
+        if failures and failures[0] < end:
+            now = failures.pop(0) + restart_cost
+            while failures and failures[0] < now:
+                failures.pop(0)
+            continue
+        now, saved = end, saved + segment
+    return now
 
 
 # --- 6.4 ------------------------------------------------------------------------------------------
@@ -91,6 +146,20 @@ def top_k_absolute_values(x, k):
         raise ValueError("k")
     indices = np.argsort(-np.abs(x))[:k]
     return indices, np.abs(x[indices])
+
+
+def top_k_smallest(x, k):
+    if not 1 <= k <= x.size:
+        raise ValueError("k")
+    indices = np.argsort(np.abs(x))[:k]
+    return indices, x[indices]
+
+
+def top_k_values_sorted(x, k):
+    if not 1 <= k <= x.size:
+        raise ValueError("k")
+    indices = np.argsort(-np.abs(x))[:k]
+    return indices, np.sort(x[indices])
 
 
 def top_k_unchecked(x, k):
@@ -129,6 +198,47 @@ def qsgd_always_up(x, levels, rng):
     return norm * np.sign(x) * np.ceil(np.abs(x) / norm * levels) / levels
 
 
+def qsgd_divides_by_zero(x, levels, rng):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        norm = np.linalg.norm(x)
+        scaled = np.abs(x) / norm * levels
+        lower = np.floor(scaled)
+        return norm * np.sign(x) * (lower + (rng.random(x.shape) < scaled - lower)) / levels
+
+
+def qsgd_up_with_the_wrong_probability(x, levels, rng):
+    """Rounds up with probability 1 − fraction instead of the fraction."""
+    norm = np.linalg.norm(x)
+    if norm == 0:
+        return np.zeros_like(x)
+    scaled = np.abs(x) / norm * levels
+    lower = np.floor(scaled)
+    return norm * np.sign(x) * (lower + (rng.random(x.shape) < 1 - (scaled - lower))) / levels
+
+
+def qsgd_entry_by_entry(x, levels, rng):
+    """Another right answer: one draw per entry, in a loop, with rng.uniform."""
+    norm = float(np.linalg.norm(x))
+    out = np.zeros(len(x))
+    for i, value in enumerate(x):
+        if norm == 0:
+            break
+        scaled = abs(value) / norm * levels
+        level = math.floor(scaled) + (1 if rng.uniform() < scaled - math.floor(scaled) else 0)
+        out[i] = math.copysign(norm * level / levels, value)
+    return out
+
+
+def qsgd_binomial(x, levels, rng):
+    """Another right answer: the level as floor plus a Bernoulli draw."""
+    norm = np.linalg.norm(x)
+    if norm == 0:
+        return np.zeros_like(x)
+    scaled = np.abs(x) / norm * levels
+    lower = np.floor(scaled)
+    return norm * np.sign(x) * (lower + rng.binomial(1, scaled - lower)) / levels
+
+
 # --- 6.8 ------------------------------------------------------------------------------------------
 
 def pays_ignoring_compression_time(nbytes, p, alpha, beta, ratio, throughput):
@@ -142,24 +252,34 @@ def pays_always(nbytes, p, alpha, beta, ratio, throughput):
 
 WRONG = {
     "6.1": [mtbf_of_the_job, mtbf_in_days],
-    "6.2": [young_without_two, young_inverted],
-    "6.3": [job_without_restart, job_with_a_final_checkpoint, job_lost_from_the_start],
+    "6.2": [young_without_two, young_inverted, young_loose_search],
+    "6.3": [job_without_restart, job_with_a_final_checkpoint, job_lost_from_the_start,
+            job_checkpoint_saved_early, job_restart_cannot_fail],
     "6.4": [write_in_place, write_without_cleanup],
-    "6.5": [top_k_by_value, top_k_absolute_values, top_k_unchecked],
+    "6.5": [top_k_by_value, top_k_absolute_values, top_k_unchecked, top_k_smallest,
+            top_k_values_sorted],
     "6.6": [feedback_ignored, feedback_residual_forgets],
-    "6.7": [qsgd_nearest, qsgd_max_norm, qsgd_always_up],
+    "6.7": [qsgd_nearest, qsgd_max_norm, qsgd_always_up, qsgd_divides_by_zero,
+            qsgd_up_with_the_wrong_probability],
     "6.8": [pays_ignoring_compression_time, pays_always],
 }
 
 HINT_WORDS = {
     mtbf_of_the_job: "job's MTBF", mtbf_in_days: "in days",
     young_without_two: "factor 2", young_inverted: "grows with the MTBF",
-    job_without_restart: "restart", job_with_a_final_checkpoint: "last segment",
-    job_lost_from_the_start: "last *completed* checkpoint",
+    young_loose_search: "tolerance",
+    job_without_restart: "restarts left out", job_with_a_final_checkpoint: "last segment",
+    job_lost_from_the_start: "back to its start",
+    job_checkpoint_saved_early: "before its checkpoint completed",
+    job_restart_cannot_fail: "during a restart ignored",
     write_in_place: "temporary file", write_without_cleanup: "left",
-    top_k_by_value: "magnitude", top_k_absolute_values: "signs", top_k_unchecked: "k must be",
+    top_k_by_value: "largest *values*", top_k_absolute_values: "signs",
+    top_k_unchecked: "k must be", top_k_smallest: "*smallest* magnitudes",
+    top_k_values_sorted: "another order",
     feedback_ignored: "ignores the residual", feedback_residual_forgets: "drops the old one",
-    qsgd_nearest: "deterministic", qsgd_max_norm: "grid", qsgd_always_up: "unbiased",
+    qsgd_nearest: "deterministic", qsgd_max_norm: "2-norm", qsgd_always_up: "deterministic",
+    qsgd_divides_by_zero: "nothing to divide by",
+    qsgd_up_with_the_wrong_probability: "probability of rounding up",
     pays_ignoring_compression_time: "not free", pays_always: "to compress",
 }
 
@@ -169,10 +289,42 @@ def job_by_events(work, interval, checkpoint_cost, restart_cost, failures):
     return job_wall_time_reference(work, interval, checkpoint_cost, restart_cost, failures)
 
 
-RIGHT = {"6.3": [job_by_events]}
+RIGHT = {"6.2": [young_golden_section], "6.3": [job_by_events],
+         "6.7": [qsgd_entry_by_entry, qsgd_binomial]}
 
 globals().update(contract.contract_tests(6, COUNT, solution, WRONG, not_attempted_id="6.2",
                                          right=RIGHT, hint_words=HINT_WORDS))
+
+
+def test_young_hint_never_shows_two_equal_numbers():
+    from dsml.exercises import grade
+    result = grade("6.2", lambda d, m: math.sqrt(2 * d * m) * (1 + 3e-7))
+    assert not result.passed
+    shown = [part.split(" s")[0] for part in result.message.split("returned ")[1].split(
+        ", expected ")]
+    assert shown[0] != shown[1], result.message
+
+
+def test_qsgd_cases_avoid_nearly_whole_levels():
+    from dsml.exercises.week6 import QSGD_MARGIN, qsgd_moments, qsgd_vector
+    rng = np.random.default_rng(6007)
+    for n, levels in ((6, 1), (10, 4), (50, 16)):
+        x = qsgd_vector(n, levels, rng)
+        variance, _ = qsgd_moments(x, levels)
+        unit = np.linalg.norm(x) / levels
+        assert np.all(variance >= QSGD_MARGIN * (1 - QSGD_MARGIN) * unit**2)
+
+
+@pytest.mark.parametrize("seed_offset", [1, 2, 3])
+def test_qsgd_checker_accepts_a_right_answer_under_other_seeds(seed_offset):
+    """The checker hands out seeds 0 … draws − 1; a right answer that shifts them (another
+    stream of draws entirely) must pass too."""
+    from dsml.exercises import grade
+
+    def shifted(x, levels, rng):
+        seed = int(rng.integers(2**31)) + seed_offset
+        return solution.qsgd_quantize(x, levels, np.random.default_rng(seed))
+    assert grade("6.7", shifted).passed
 
 
 # --- the references themselves -------------------------------------------------------------------
