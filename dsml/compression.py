@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 135
+# -- cell 141
 import math
 import numbers
 import time
@@ -130,7 +130,7 @@ class Sign(Compressor):
         return signs * _per_element(c.arrays["scales"].astype(np.float64), c.n, self.bucket)
 
 
-# -- cell 137
+# -- cell 143
 def qsgd(x, levels: int, rng, bucket: int | None = None):
     """QSGD (Alistarh et al. 2017) with s = `levels` levels, returned dequantized (float64, the
     shape of x). In each bucket v (of `bucket` elements; the whole vector if None) element i
@@ -208,7 +208,7 @@ class QSGD(Compressor):
         return _qsgd_dequantize(c.arrays["levels"], c.arrays["norms"], self.levels, self.bucket)
 
 
-# -- cell 139
+# -- cell 145
 def _k_of(n: int, k, fraction) -> int:
     if fraction is not None:
         return max(1, math.ceil(fraction * n)) if n else 0
@@ -300,7 +300,7 @@ class RandomK(Compressor):
         return out
 
 
-# -- cell 141
+# -- cell 147
 class ErrorFeedback(Compressor):
     """Error feedback (1-bit SGD, Seide et al. 2014; EF-SGD, Karimireddy et al. 2019) around ANY
     compressor: compress x + e instead of x and keep the new residual e ← (x + e) − x̂, so that
@@ -341,7 +341,7 @@ class ErrorFeedback(Compressor):
         return total, mine
 
 
-# -- cell 143
+# -- cell 149
 class MajorityVote(Compressor):
     """signSGD with majority vote (Bernstein et al. 2018), with a scale: each rank sends its signs
     as int8 ±1 and its mean |x| as one fp32. All-reduced as they are, the int8 signs sum to the
@@ -403,7 +403,7 @@ def exchange(self, comm, x, rng=None):
     return total, mine
 
 
-# -- cell 145
+# -- cell 151
 class PowerSGD(Compressor):
     """PowerSGD (Vogels, Karimireddy & Jaggi 2019): each matrix M (rows × cols) of the gradient
     is sent as rank-r factors from one step of power iteration, P = M Q, P̂ = orthonormalize(P),
@@ -509,7 +509,7 @@ def _concat_f32(arrays):
     return np.concatenate([np.ravel(a) for a in arrays]).astype(WIRE_FLOAT)
 
 
-# -- cell 147
+# -- cell 153
 def compressed_data_parallel_sgd(comm, model, optimizer, X, y, batches, compressor: Compressor,
                                  seed: int = 0, loss: str = "cross_entropy"):
     """Rank program body (`yield from` it): week 3's synchronous data-parallel SGD with the
@@ -545,7 +545,7 @@ def trace_bytes_sent(trace) -> int:
     return int(sum(r.nbytes for r in trace if r.op in ("send", "sendrecv")))
 
 
-# -- cell 149
+# -- cell 155
 COLLECTIVES = ("allreduce", "allgather")
 
 

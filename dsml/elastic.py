@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 92
+# -- cell 98
 import copy
 import zlib
 
@@ -91,7 +91,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 94
+# -- cell 100
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -162,7 +162,7 @@ class ElasticRank:
                 and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
 
-# -- cell 96
+# -- cell 102
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -254,7 +254,7 @@ def train_step(self):
     return None
 
 
-# -- cell 98
+# -- cell 104
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -313,7 +313,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 100
+# -- cell 106
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect reports from the members it knows (a dead one raises
@@ -424,7 +424,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 102
+# -- cell 108
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -494,7 +494,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 104
+# -- cell 110
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,

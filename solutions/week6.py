@@ -89,3 +89,19 @@ def compression_pays(nbytes, p, alpha, beta, ratio, throughput):
     plain = cost("allreduce", "ring", p, nbytes, alpha, beta)
     compressed = cost("allreduce", "ring", p, nbytes / ratio, alpha, beta) + nbytes / throughput
     return bool(compressed < plain)
+
+
+def reshard_plan(n, old_world, new_world, new_rank):
+    """Exercise 6.9: cut [0, n) for both world sizes as np.array_split does; the new rank reads,
+    from each old shard that overlaps its range, the overlap as offsets inside that shard."""
+    def bounds(p, rank):
+        base, extra = divmod(n, p)
+        start = rank * base + min(rank, extra)
+        return start, start + base + (1 if rank < extra else 0)
+    start, stop = bounds(new_world, new_rank)
+    plan = []
+    for old in range(old_world):
+        low, high = bounds(old_world, old)
+        if max(low, start) < min(high, stop):
+            plan.append((old, max(low, start) - low, min(high, stop) - low))
+    return plan

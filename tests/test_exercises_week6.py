@@ -17,7 +17,7 @@ from dsml.exercises.week6 import job_cases, job_wall_time_reference
 
 solution = contract.solution_module(6)
 NOTEBOOK = contract.ROOT / "notebooks" / "week6_fault_tolerance_and_scaling.ipynb"
-COUNT = 8
+COUNT = 9
 
 
 # --- 6.1 ------------------------------------------------------------------------------------------
@@ -250,6 +250,42 @@ def pays_always(nbytes, p, alpha, beta, ratio, throughput):
     return True
 
 
+# --- 6.9 ------------------------------------------------------------------------------------------
+
+def reshard_global_offsets(n, old_world, new_world, new_rank):
+    from dsml.exercises.week6 import reshard_reference
+    return reshard_reference(n, old_world, new_world, new_rank, local=False)
+
+
+def reshard_equal_chunks(n, old_world, new_world, new_rank):
+    """Cuts both world sizes in ⌈n/p⌉ chunks, as torch.chunk does."""
+    size_old, size_new = -(-n // old_world), -(-n // new_world)
+    start, stop = min(new_rank * size_new, n), min((new_rank + 1) * size_new, n)
+    plan = []
+    for old in range(old_world):
+        low, high = min(old * size_old, n), min((old + 1) * size_old, n)
+        if max(low, start) < min(high, stop):
+            plan.append((old, max(low, start) - low, min(high, stop) - low))
+    return plan
+
+
+def reshard_keeps_empty_pieces(n, old_world, new_world, new_rank):
+    from dsml.exercises.week6 import reshard_reference
+    return reshard_reference(n, old_world, new_world, new_rank, keep_empty=True)
+
+
+def reshard_with_numpy(n, old_world, new_world, new_rank):
+    """Another right answer: np.array_split of the index range, and set intersections."""
+    old_shards = np.array_split(np.arange(n), old_world)
+    mine = set(np.array_split(np.arange(n), new_world)[new_rank].tolist())
+    plan = []
+    for old, indices in enumerate(old_shards):
+        local = [i for i, index in enumerate(indices.tolist()) if index in mine]
+        if local:
+            plan.append((np.int64(old), np.int64(local[0]), np.int64(local[-1] + 1)))
+    return plan
+
+
 WRONG = {
     "6.1": [mtbf_of_the_job, mtbf_in_days],
     "6.2": [young_without_two, young_inverted, young_loose_search],
@@ -262,6 +298,7 @@ WRONG = {
     "6.7": [qsgd_nearest, qsgd_max_norm, qsgd_always_up, qsgd_divides_by_zero,
             qsgd_up_with_the_wrong_probability],
     "6.8": [pays_ignoring_compression_time, pays_always],
+    "6.9": [reshard_global_offsets, reshard_equal_chunks, reshard_keeps_empty_pieces],
 }
 
 HINT_WORDS = {
@@ -281,6 +318,8 @@ HINT_WORDS = {
     qsgd_divides_by_zero: "nothing to divide by",
     qsgd_up_with_the_wrong_probability: "probability of rounding up",
     pays_ignoring_compression_time: "not free", pays_always: "to compress",
+    reshard_global_offsets: "*inside*", reshard_equal_chunks: "torch.chunk",
+    reshard_keeps_empty_pieces: "empty pieces",
 }
 
 
@@ -290,7 +329,7 @@ def job_by_events(work, interval, checkpoint_cost, restart_cost, failures):
 
 
 RIGHT = {"6.2": [young_golden_section], "6.3": [job_by_events],
-         "6.7": [qsgd_entry_by_entry, qsgd_binomial]}
+         "6.7": [qsgd_entry_by_entry, qsgd_binomial], "6.9": [reshard_with_numpy]}
 
 globals().update(contract.contract_tests(6, COUNT, solution, WRONG, not_attempted_id="6.2",
                                          right=RIGHT, hint_words=HINT_WORDS))
@@ -374,7 +413,8 @@ def test_exercise_cells_with_solutions_print_correct():
 
 def test_no_stub_shadows_a_name_the_notebook_body_defines():
     contract.assert_no_stub_shadows_the_body(
-        6, NOTEBOOK, {"young_interval", "qsgd", "write_atomically", "elastic_train", "TopK"})
+        6, NOTEBOOK, {"young_interval", "qsgd", "write_atomically", "elastic_train", "TopK",
+            "load_resharded"})
 
 
 def test_examples_in_the_statements_hold():
@@ -391,3 +431,4 @@ def test_examples_in_the_statements_hold():
     assert sent.tolist() == [1, 2, 0, 0] and residual.tolist() == [0, 0, 4, 5]
     plain = cost("allreduce", "ring", 8, 100e6, 5e-6, 0.8e-9)
     assert round(plain * 1e3) == 140 and solution.compression_pays(100e6, 8, 5e-6, 0.8e-9, 32, 2e9)
+    assert solution.reshard_plan(10, 4, 3, 1) == [(1, 1, 3), (2, 0, 1)]

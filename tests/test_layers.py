@@ -25,6 +25,7 @@ LAYERS = {
     "dsml.memory": 6,
     "dsml.fault": 6,
     "dsml.checkpoint": 6,
+    "dsml.checkpoint_format": 6,
     "dsml.elastic": 6,
     "dsml.compression": 6,
     "dsml.capstone": 6,

@@ -487,3 +487,96 @@ def check_compression_pays(compression_pays):
                       f"n / throughput to compress.")
         raise Wrong(f"{call} returned {got}, expected {expected}. {advice}")
     return "slow and fast networks, small and large messages"
+
+
+# --- 6.9: re-sharding a checkpoint onto another world size ---------------------------------------
+
+# (n, old world, new world, new rank): the first case tells the mistakes apart; then more ranks
+# than entries (empty shards), growing, the same world, one old rank, a new rank with nothing.
+RESHARD_CASES = [(10, 4, 3, 1), (1000, 8, 6, 2), (1000, 6, 8, 7), (5, 8, 3, 2), (7, 1, 3, 0),
+                 (37, 5, 5, 3), (5, 3, 8, 6), (101, 7, 4, 3)]
+
+
+def _array_split_bounds(n, p):
+    """[start, stop) of each of p shards of n, cut as np.array_split cuts (first n mod p longer)."""
+    base, extra = divmod(n, p)
+    starts = [r * base + min(r, extra) for r in range(p + 1)]
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def _chunk_bounds(n, p):
+    """The cut of torch.chunk: ⌈n/p⌉ each, the last ones shorter (or empty)."""
+    size = -(-n // p)
+    return [(min(r * size, n), min((r + 1) * size, n)) for r in range(p)]
+
+
+def _floor_bounds(n, p):
+    """n // p each, the remainder on the last rank."""
+    base = n // p
+    return [(r * base, (r + 1) * base if r < p - 1 else n) for r in range(p)]
+
+
+def reshard_reference(n, old_world, new_world, new_rank, *, cut=_array_split_bounds,
+                      local=True, keep_empty=False, inclusive=False) -> list:
+    """The pieces new rank `new_rank` reads, as (old rank, start, stop) inside the old shard;
+    the keyword arguments make the plausible mistakes (another cut, global offsets, empty pieces
+    kept, an inclusive stop)."""
+    start, stop = cut(n, new_world)[new_rank]
+    pieces = []
+    for old, (low, high) in enumerate(cut(n, old_world)):
+        first, last = max(low, start), min(high, stop)
+        if first >= last and not (keep_empty and low <= stop and high >= start):
+            continue
+        offset = low if local else 0
+        pieces.append((old, first - offset, last - offset - (1 if inclusive else 0)))
+    return pieces
+
+
+RESHARD_MISTAKES = [
+    ({"local": False}, "offsets in the whole vector: start and stop are offsets *inside* the "
+                       "old rank's shard (subtract where that shard begins)"),
+    ({"cut": _chunk_bounds}, "shards of ⌈n/p⌉ entries (torch.chunk's cut): here the first n mod "
+                             "p shards are one longer than the rest"),
+    ({"cut": _floor_bounds}, "shards of n // p with the remainder on the last rank: here the "
+                             "first n mod p shards are one longer than the rest"),
+    ({"keep_empty": True}, "empty pieces kept: leave out old shards that share no entry with "
+                           "the new range"),
+    ({"inclusive": True}, "an inclusive stop: stop is one past the last entry, as in a slice"),
+]
+
+
+def _as_plan(got, call) -> list:
+    try:
+        plan = [tuple(int(v) for v in piece) for piece in got]
+    except (TypeError, ValueError):
+        raise Wrong(f"{call} returned {got!r}; expected a list of (old_rank, start, stop)") \
+            from None
+    if any(len(piece) != 3 for piece in plan):
+        raise Wrong(f"{call} returned {got!r}; each piece is three numbers (old_rank, start, "
+                    f"stop)")
+    return plan
+
+
+@checker("6.9", "re-sharding a checkpoint onto another world size")
+def check_reshard_plan(reshard_plan):
+    for n, old_world, new_world, new_rank in RESHARD_CASES:
+        call = (f"reshard_plan(n={n}, old_world={old_world}, new_world={new_world}, "
+                f"new_rank={new_rank})")
+        got = reshard_plan(n, old_world, new_world, new_rank)
+        if got is None:
+            raise Wrong(f"{call} returned None; did you forget a `return`?")
+        plan = _as_plan(got, call)
+        expected = reshard_reference(n, old_world, new_world, new_rank)
+        if plan == expected:
+            continue
+        matches = [hint for flags, hint in RESHARD_MISTAKES
+                   if plan == reshard_reference(n, old_world, new_world, new_rank, **flags)]
+        if sorted(plan) == expected:
+            advice = "The right pieces in another order: list them in the order of the vector."
+        elif matches:
+            advice = "It looks like " + "; or ".join(matches) + "."
+        else:
+            advice = ("Cut [0, n) for both world sizes the same way, find the old shards that "
+                      "overlap the new rank's range, and give each overlap inside its shard.")
+        raise Wrong(f"{call} returned {plan}. {advice}")
+    return "shrinking, growing, empty shards and an unchanged world size"
