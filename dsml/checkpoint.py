@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 51
+# -- cell 55
 import contextlib
 import hashlib
 import numbers
@@ -47,7 +47,7 @@ def write_atomically(path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
-# -- cell 53
+# -- cell 57
 from dsml.train.data import batch_indices
 
 
@@ -63,6 +63,7 @@ def _check_count(name, value, least):
     return int(value)
 
 
+# -- cell 58
 class ShuffledBatches:
     """Mini-batches of (X, y): every example once an epoch, in a fresh seeded order each epoch,
     the last batch of an epoch smaller when batch_size does not divide len(X). `position()` is
@@ -105,27 +106,35 @@ class ShuffledBatches:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed,
                 "examples": len(self.X), "batch_size": self.batch_size}
 
-    def mismatches(self, position: dict) -> list:
-        """Why `position` cannot be sought on this loader (an empty list when it can)."""
-        problems = []
-        for key, here in (("examples", len(self.X)), ("batch_size", self.batch_size)):
-            if position[key] != here:
-                problems.append(f"the data loader has {key} = {position[key]} in the checkpoint "
-                                f"but {here} here")
-        if not problems and not 0 <= position["index"] < self.batches_per_epoch:
-            problems.append(f"batch index {position['index']} is outside 0.."
-                            f"{self.batches_per_epoch - 1}")
-        return problems
 
-    def seek(self, position: dict) -> None:
-        problems = self.mismatches(position)
-        if problems:
-            raise IncompatibleCheckpoint("; ".join(problems))
-        self.seed = int(position["seed"])
-        self.epoch, self.index = int(position["epoch"]), int(position["index"])
+# -- cell 59
+from dsml.utils import add_to_class
 
 
-# -- cell 55
+@add_to_class(ShuffledBatches)
+def mismatches(self, position: dict) -> list:
+    """Why `position` cannot be sought on this loader (an empty list when it can)."""
+    problems = []
+    for key, here in (("examples", len(self.X)), ("batch_size", self.batch_size)):
+        if position[key] != here:
+            problems.append(f"the data loader has {key} = {position[key]} in the checkpoint "
+                            f"but {here} here")
+    if not problems and not 0 <= position["index"] < self.batches_per_epoch:
+        problems.append(f"batch index {position['index']} is outside 0.."
+                        f"{self.batches_per_epoch - 1}")
+    return problems
+
+
+@add_to_class(ShuffledBatches)
+def seek(self, position: dict) -> None:
+    problems = self.mismatches(position)
+    if problems:
+        raise IncompatibleCheckpoint("; ".join(problems))
+    self.seed = int(position["seed"])
+    self.epoch, self.index = int(position["epoch"]), int(position["index"])
+
+
+# -- cell 61
 HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "betas", "eps", "trust_coefficient")
 
 
@@ -178,7 +187,7 @@ def capture_state(step: int, model, optimizer, rng, data, losses=()) -> Training
     return TrainingState(step, arrays, meta)
 
 
-# -- cell 57
+# -- cell 63
 def read_checkpoint(path) -> TrainingState:
     """Load and verify the checkpoint directory `path`, in the order a damaged one fails: its
     manifest (present, and of the right form: read_manifest), the data file's length (a
@@ -203,7 +212,7 @@ def read_checkpoint(path) -> TrainingState:
     return TrainingState(manifest["step"], arrays, meta)
 
 
-# -- cell 59
+# -- cell 65
 def _check_parts(parts) -> tuple:
     parts = tuple(parts)
     unknown = [part for part in parts if part not in PARTS]
@@ -256,6 +265,7 @@ def _optimizer_mismatches(state, optimizer, model) -> list:
     return problems
 
 
+# -- cell 66
 def restore(state: TrainingState, model, optimizer, rng, data, parts=PARTS) -> None:
     """Put `state` back into `model`, `optimizer`, `rng` and `data` (those named in `parts`),
     after checking that it fits them all; IncompatibleCheckpoint naming every mismatch if not."""
@@ -300,7 +310,7 @@ def _restore_optimizer(state, optimizer) -> None:
         setattr(optimizer, key, tuple(value) if isinstance(value, list) else value)
 
 
-# -- cell 61
+# -- cell 68
 from dsml.utils import add_to_class
 
 STEP_DIRECTORY = re.compile(r"^step_(\d+)$")
@@ -349,7 +359,7 @@ class CheckpointManager:
         return self.write(capture_state(step, model, optimizer, rng, data, losses))
 
 
-# -- cell 62
+# -- cell 69
 @add_to_class(CheckpointManager)
 def write(self, state: TrainingState) -> Path:
     """Write `state` as step_<state.step>: into a staging directory (the data file, then the
@@ -398,7 +408,7 @@ def publish(self, staging: Path, path: Path) -> None:
         remove_tree(retired)
 
 
-# -- cell 63
+# -- cell 70
 @add_to_class(CheckpointManager)
 def recover(self) -> None:
     """Put back a checkpoint that a killed re-save had renamed aside and not yet replaced."""
@@ -442,7 +452,7 @@ def rotate(self) -> list:
     return removed
 
 
-# -- cell 65
+# -- cell 72
 @add_to_class(CheckpointManager)
 def latest(self) -> tuple:
     """(the newest checkpoint that verifies, notes on the newer ones skipped): (None, notes)
@@ -483,7 +493,7 @@ def restore_latest(self, model, optimizer, rng, data, parts=PARTS) -> tuple:
     return state, notes
 
 
-# -- cell 67
+# -- cell 74
 @add_to_class(CheckpointManager)
 def save_async(self, step: int, model, optimizer, rng, data, losses=()) -> None:
     """Snapshot the state now, write it in a background thread (after the previous one)."""
@@ -513,7 +523,7 @@ def wait(self) -> None:
         raise error
 
 
-# -- cell 69
+# -- cell 76
 from dsml.train.models import loss_and_grads
 
 
@@ -539,6 +549,7 @@ class TrainResult:
     saved: list
 
 
+# -- cell 77
 def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_every: int = 0,
           resume: bool = True, asynchronous: bool = False, input_noise: float = 0.0,
           loss: str = "cross_entropy", crash_at=None, resume_parts=PARTS) -> TrainResult:
@@ -584,7 +595,7 @@ def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_e
     return TrainResult(losses, resumed_from, notes, saved)
 
 
-# -- cell 87
+# -- cell 95
 from dsml.checkpoint_format import (encode_shard, read_shard, read_sharded_manifest, shard_file,
                                     sharded_manifest)
 from dsml.data_parallel import shard_bounds
@@ -633,6 +644,7 @@ def load_resharded(directory, rank: int, world_size: int) -> dict:
                 continue                               # no overlap: never read
             if shard["rank"] not in verified:
                 verified[shard["rank"]] = read_shard(directory, shard, manifest["dtypes"])
-            piece[first - start:last - start] = verified[shard["rank"]][name][first - low:last - low]
+            old = verified[shard["rank"]][name]
+            piece[first - start:last - start] = old[first - low:last - low]
         mine[name] = piece
     return mine

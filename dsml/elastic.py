@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 98
+# -- cell 106
 import copy
 import zlib
 
@@ -60,6 +60,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
     return batch * members, lr * members / initial_members
 
 
+# -- cell 107
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
@@ -91,7 +92,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 100
+# -- cell 109
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -162,7 +163,7 @@ class ElasticRank:
                 and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
 
-# -- cell 102
+# -- cell 111
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -204,6 +205,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
+# -- cell 112
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -254,7 +256,7 @@ def train_step(self):
     return None
 
 
-# -- cell 104
+# -- cell 114
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -313,7 +315,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 106
+# -- cell 116
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect reports from the members it knows (a dead one raises
@@ -403,6 +405,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
+# -- cell 117
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -424,7 +427,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 108
+# -- cell 119
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -469,6 +472,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
+# -- cell 120
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -494,7 +498,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 110
+# -- cell 122
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,

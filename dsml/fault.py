@@ -94,6 +94,7 @@ def job_mtbf(mtbf_node: float, nodes: int) -> float:
     return check_positive("mtbf_node", mtbf_node) / check_count("nodes", nodes, 1)
 
 
+# -- cell 9
 def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Measured: `samples` fresh jobs on `nodes` nodes; each job's first crash (seconds) is
     the earliest of its nodes' sampled lifetimes. Shape (samples,)."""
@@ -102,7 +103,7 @@ def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generato
     return model.lifetimes(rng, (samples, nodes)).min(axis=1)
 
 
-# -- cell 12
+# -- cell 13
 def renewal_failure_times(model, streams: int, horizon: float,
                           rng: np.random.Generator) -> np.ndarray:
     """Crash times (seconds) of `streams` independent nodes (or jobs) over [0, horizon).
@@ -126,6 +127,7 @@ def renewal_failure_times(model, streams: int, horizon: float,
     return times[:, :width + 1]
 
 
+# -- cell 14
 class FailureSchedule:
     """When each rank crashes: a sorted list of (time in s, rank) pairs within [0, horizon).
 
@@ -182,6 +184,7 @@ class FailureSchedule:
         return int(rank)
 
 
+# -- cell 15
 def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.random.Generator,
                      weibull_shape: float = 1.0) -> FailureSchedule:
     """A seeded schedule of fail-stop crashes of `ranks` nodes over [0, horizon) seconds.
@@ -203,7 +206,7 @@ def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.rando
     return FailureSchedule(pairs, ranks, horizon)
 
 
-# -- cell 15
+# -- cell 18
 @dataclass(frozen=True)
 class Stragglers:
     """Slow ranks: each rank runs at a persistent speed drawn once (log-normal slowdown
@@ -247,7 +250,7 @@ def synchronous_steps(comm, step_times: np.ndarray):
     return ends
 
 
-# -- cell 19
+# -- cell 22
 def young_interval(checkpoint_cost: float, mtbf: float) -> float:
     """Young (1974): the checkpoint interval (s of work between checkpoints) that minimizes
     the expected waste to first order, τ = √(2δM), for checkpoint cost δ and MTBF M (s)."""
@@ -296,7 +299,7 @@ def waste_fraction(work: float, wall_time):
     return 1 - work / np.asarray(wall_time, dtype=float)
 
 
-# -- cell 23
+# -- cell 26
 def check_job(work, interval, snapshot_cost, write_time, restart_cost) -> tuple:
     return (check_positive("work", work), check_positive("interval", interval),
             check_nonnegative("checkpoint_cost", snapshot_cost),
@@ -310,6 +313,7 @@ def background_write(comm, seconds: float):
     return (yield comm.now())
 
 
+# -- cell 27
 def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                      restart_cost: float, schedule: FailureSchedule, write_time: float = 0.0):
     """Rank program: `work` seconds of training, checkpointed every `interval` seconds of
@@ -389,7 +393,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
     return dict(spent, wall=wall, checkpoints=checkpoints, failures=failures)
 
 
-# -- cell 24
+# -- cell 28
 def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
                                restart_cost: float, failure_times: np.ndarray, horizon: float,
                                write_time: float = 0.0) -> dict:
@@ -476,7 +480,7 @@ def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
             "failures": failures, "checkpoints": checkpoints}
 
 
-# -- cell 42
+# -- cell 46
 LLAMA3_INTERRUPTIONS = {
     "days": 54, "gpus": 16384, "total": 466, "planned": 47, "unexpected": 419,
     "hardware_share_of_unexpected": 0.78,
