@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 106
+# -- cell 107
 import copy
 import zlib
 
@@ -60,7 +60,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
     return batch * members, lr * members / initial_members
 
 
-# -- cell 107
+# -- cell 108
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
@@ -92,7 +92,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 109
+# -- cell 110
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -163,7 +163,7 @@ class ElasticRank:
                 and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
 
-# -- cell 111
+# -- cell 112
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -205,7 +205,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 112
+# -- cell 113
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -256,7 +256,7 @@ def train_step(self):
     return None
 
 
-# -- cell 114
+# -- cell 115
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -315,7 +315,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 116
+# -- cell 117
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect reports from the members it knows (a dead one raises
@@ -405,7 +405,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 117
+# -- cell 118
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -427,7 +427,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 119
+# -- cell 120
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -472,7 +472,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 120
+# -- cell 121
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -498,7 +498,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 122
+# -- cell 123
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -534,3 +534,68 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
         optimizer.step(model.params, grads)
         losses.append(value)
     return losses
+
+
+# -- cell 147
+HEARTBEAT_TAG = 41
+
+
+def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
+    """Rank program: send `monitor` a heartbeat ("beat", fencing token) after each `period`
+    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token); with
+    `crash_at` = k, fail (fail-stop) instead of beat k, the time of failure on the error's
+    `.time`. The token is the epoch the worker was admitted in: 0."""
+    token = 0
+    for k, stall in enumerate(stalls):
+        if k == crash_at:
+            error = InjectedCrash(f"rank {comm.rank} failed before heartbeat {k}")
+            error.time = yield comm.now()
+            raise error
+        yield comm.compute(period + float(stall))
+        yield comm.send(monitor, ("beat", token), tag=HEARTBEAT_TAG)
+    yield comm.send(monitor, ("bye", token), tag=HEARTBEAT_TAG)
+    return "finished"
+
+
+# -- cell 148
+def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
+    """Rank program: the failure detector and membership. One listener activity per worker
+    notes when its heartbeats arrive; every `check_every` s the monitor suspects each member
+    silent for more than `timeout` s and removes it: a new epoch, its token revoked, and
+    whatever it sends later refused (fenced). The engine's failure notice (PeerFailed) only
+    ends a listener. Returns, once every worker has said bye or been suspected,
+    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks}}."""
+    last = dict.fromkeys(workers, 0.0)
+    revoked, suspected, fenced, finished = set(), {}, [], set()
+
+    def listen(worker):
+        while True:
+            try:
+                kind, token = yield comm.recv(worker, tag=HEARTBEAT_TAG)
+            except PeerFailed:
+                return                             # silence from now on
+            now = yield comm.now()
+            if (worker, token) in revoked:
+                fenced.append((now, worker))       # a revoked token: refused
+            else:
+                last[worker] = now
+                if kind == "bye":
+                    finished.add(worker)
+            if kind == "bye":
+                return
+
+    listeners = []
+    for worker in workers:
+        listeners.append((yield comm.spawn(listen(worker))))
+    epoch = 0
+    while any(w not in finished and w not in suspected for w in workers):
+        yield comm.compute(check_every)
+        now = yield comm.now()
+        for worker in workers:
+            if worker not in finished and worker not in suspected \
+                    and now - last[worker] > timeout:
+                suspected[worker], epoch = now, epoch + 1
+                revoked.add((worker, 0))
+    for listener in listeners:
+        yield comm.join(listener)
+    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished}

@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 7
+# -- cell 8
 import bisect
 import math
 import numbers
@@ -39,7 +39,7 @@ def check_count(name: str, value: int, minimum: int = 0) -> int:
     return int(value)
 
 
-# -- cell 8
+# -- cell 9
 @dataclass(frozen=True)
 class ExponentialFailures:
     """Fail-stop crashes of one node with exponential lifetimes of mean `mtbf` seconds.
@@ -94,7 +94,7 @@ def job_mtbf(mtbf_node: float, nodes: int) -> float:
     return check_positive("mtbf_node", mtbf_node) / check_count("nodes", nodes, 1)
 
 
-# -- cell 9
+# -- cell 10
 def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Measured: `samples` fresh jobs on `nodes` nodes; each job's first crash (seconds) is
     the earliest of its nodes' sampled lifetimes. Shape (samples,)."""
@@ -103,7 +103,7 @@ def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generato
     return model.lifetimes(rng, (samples, nodes)).min(axis=1)
 
 
-# -- cell 13
+# -- cell 14
 def renewal_failure_times(model, streams: int, horizon: float,
                           rng: np.random.Generator) -> np.ndarray:
     """Crash times (seconds) of `streams` independent nodes (or jobs) over [0, horizon).
@@ -127,7 +127,7 @@ def renewal_failure_times(model, streams: int, horizon: float,
     return times[:, :width + 1]
 
 
-# -- cell 14
+# -- cell 15
 class FailureSchedule:
     """When each rank crashes: a sorted list of (time in s, rank) pairs within [0, horizon).
 
@@ -184,7 +184,7 @@ class FailureSchedule:
         return int(rank)
 
 
-# -- cell 15
+# -- cell 16
 def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.random.Generator,
                      weibull_shape: float = 1.0) -> FailureSchedule:
     """A seeded schedule of fail-stop crashes of `ranks` nodes over [0, horizon) seconds.
@@ -206,7 +206,7 @@ def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.rando
     return FailureSchedule(pairs, ranks, horizon)
 
 
-# -- cell 18
+# -- cell 19
 @dataclass(frozen=True)
 class Stragglers:
     """Slow ranks: each rank runs at a persistent speed drawn once (log-normal slowdown
@@ -250,7 +250,7 @@ def synchronous_steps(comm, step_times: np.ndarray):
     return ends
 
 
-# -- cell 22
+# -- cell 23
 def young_interval(checkpoint_cost: float, mtbf: float) -> float:
     """Young (1974): the checkpoint interval (s of work between checkpoints) that minimizes
     the expected waste to first order, τ = √(2δM), for checkpoint cost δ and MTBF M (s)."""
@@ -299,7 +299,7 @@ def waste_fraction(work: float, wall_time):
     return 1 - work / np.asarray(wall_time, dtype=float)
 
 
-# -- cell 26
+# -- cell 27
 def check_job(work, interval, snapshot_cost, write_time, restart_cost) -> tuple:
     return (check_positive("work", work), check_positive("interval", interval),
             check_nonnegative("checkpoint_cost", snapshot_cost),
@@ -313,7 +313,7 @@ def background_write(comm, seconds: float):
     return (yield comm.now())
 
 
-# -- cell 27
+# -- cell 28
 def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                      restart_cost: float, schedule: FailureSchedule, write_time: float = 0.0):
     """Rank program: `work` seconds of training, checkpointed every `interval` seconds of
@@ -393,7 +393,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
     return dict(spent, wall=wall, checkpoints=checkpoints, failures=failures)
 
 
-# -- cell 28
+# -- cell 29
 def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
                                restart_cost: float, failure_times: np.ndarray, horizon: float,
                                write_time: float = 0.0) -> dict:
@@ -480,7 +480,7 @@ def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
             "failures": failures, "checkpoints": checkpoints}
 
 
-# -- cell 46
+# -- cell 47
 LLAMA3_INTERRUPTIONS = {
     "days": 54, "gpus": 16384, "total": 466, "planned": 47, "unexpected": 419,
     "hardware_share_of_unexpected": 0.78,
