@@ -24,6 +24,7 @@ LAYERS = {
     "dsml.zero": 6,
     "dsml.memory": 6,
     "dsml.fault": 6,
+    "dsml.fault_batch": 6,
     "dsml.checkpoint": 6,
     "dsml.checkpoint_format": 6,
     "dsml.elastic": 6,
