@@ -149,21 +149,26 @@ class ElasticRank:
         if self.detect:
             yield self.comm.compute(self.detect)
 
-    def candidate(self) -> int:
-        """The most senior rank not known dead that this rank can see: its members (a member),
-        or every rank more senior than itself (a spare waiting to join)."""
-        if self.member:
-            view = [r for r in self.seniority if r in self.members or r == self.me]
-        else:
-            view = self.seniority[:self.seniority.index(self.me) + 1]
-        return next(r for r in view if r not in self.dead)
 
-    def joiners_due(self, step: int) -> list:
-        return [r for r in self.seniority if r in self.joins and r not in self.members
-                and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
+# -- cell 111
+@add_to_class(ElasticRank)
+def candidate(self) -> int:
+    """The most senior rank not known dead that this rank can see: its members (a member),
+    or every rank more senior than itself (a spare waiting to join)."""
+    if self.member:
+        view = [r for r in self.seniority if r in self.members or r == self.me]
+    else:
+        view = self.seniority[:self.seniority.index(self.me) + 1]
+    return next(r for r in view if r not in self.dead)
 
 
-# -- cell 112
+@add_to_class(ElasticRank)
+def joiners_due(self, step: int) -> list:
+    return [r for r in self.seniority if r in self.joins and r not in self.members
+            and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
+
+
+# -- cell 113
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -205,7 +210,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 113
+# -- cell 114
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -256,7 +261,7 @@ def train_step(self):
     return None
 
 
-# -- cell 115
+# -- cell 116
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -315,7 +320,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 117
+# -- cell 118
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect reports from the members it knows (a dead one raises
@@ -405,7 +410,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 118
+# -- cell 119
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -427,7 +432,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 120
+# -- cell 121
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -472,7 +477,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 121
+# -- cell 122
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -498,7 +503,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 123
+# -- cell 124
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -536,7 +541,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 147
+# -- cell 148
 HEARTBEAT_TAG = 41
 
 
@@ -557,7 +562,7 @@ def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
     return "finished"
 
 
-# -- cell 148
+# -- cell 149
 def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
     """Rank program: the failure detector and membership. One listener activity per worker
     notes when its heartbeats arrive; every `check_every` s the monitor suspects each member

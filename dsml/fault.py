@@ -313,24 +313,32 @@ def background_write(comm, seconds: float):
     return (yield comm.now())
 
 
+def restart(comm, schedule, crash: float, restart_cost: float, spent: dict):
+    """Rank program body: restart after the crash at time `crash`, taking `restart_cost` s
+    (added to spent["restart"]); a crash during the restart starts it again. Returns (the
+    time of the last crash, how many crashes struck during the restart)."""
+    again = 0
+    while True:
+        crash_next = schedule.next_failure(comm.rank, after=crash)
+        if crash + restart_cost <= crash_next:
+            yield comm.compute(restart_cost)
+            spent["restart"] += restart_cost
+            return crash, again
+        yield comm.compute(crash_next - crash)
+        spent["restart"] += crash_next - crash
+        crash, again = crash_next, again + 1
+
+
 # -- cell 28
 def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                      restart_cost: float, schedule: FailureSchedule, write_time: float = 0.0):
-    """Rank program: `work` seconds of training, checkpointed every `interval` seconds of
-    work, crashing when `schedule` says this rank fails.
-
-    A checkpoint blocks training for `checkpoint_cost` s (synchronous: the whole write;
-    asynchronous: the snapshot to host memory). With `write_time` > 0 the write to storage
-    then runs for `write_time` s as a second activity while training goes on; the checkpoint
-    is durable only once it is written, and a new snapshot waits for the previous write
-    (one write in flight). No checkpoint after the last piece of work: the job is done.
-    A crash loses everything since the last durable checkpoint and costs `restart_cost` s
-    to restart (a crash during the restart starts it again).
-    Returns a dict: seconds of `wall` time, of finished `work` pieces (redone ones count
-    again), blocked in `checkpoint`, `lost` in interrupted pieces, in `restart`, and
-    `rolled_back` (finished work undone by a crash); and the counts of `checkpoints` and
-    `failures`. The wall time is taken before joining writes still running at the end.
-    """
+    """Rank program: `work` s of training, checkpointed every `interval` s of work (not after
+    the last piece), crashing when `schedule` says. A checkpoint blocks for `checkpoint_cost`
+    s; with `write_time` > 0 the write to storage runs beside training as an activity, one in
+    flight, durable once written. A crash loses all since the last durable checkpoint, then a
+    restart (`restart`). Returns seconds of `wall` (before joining writes still running),
+    `work` (redone pieces again), `checkpoint` (blocked), `lost`, `restart`, `rolled_back`,
+    and the counts `checkpoints`, `failures`."""
     work, interval, checkpoint_cost, write_time, restart_cost = check_job(
         work, interval, checkpoint_cost, write_time, restart_cost)
     spent = {"work": 0.0, "checkpoint": 0.0, "lost": 0.0, "restart": 0.0, "rolled_back": 0.0}
@@ -343,9 +351,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
     while progress < work:
         piece = min(interval, work - progress)
         last = piece == work - progress
-        wait = 0.0
-        if pending is not None and not last:
-            wait = max(0.0, pending[2] - (now + piece))
+        wait = max(0.0, pending[2] - (now + piece)) if pending is not None and not last else 0.0
         end = now + piece + (0.0 if last else wait + checkpoint_cost)
         crash_next = schedule.next_failure(comm.rank, after=crash)
         if end <= crash_next:
@@ -357,8 +363,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                 if pending is not None:
                     yield comm.join(pending[0])   # the previous write must finish first
                     durable = pending[1]
-                if checkpoint_cost > 0:
-                    yield comm.compute(checkpoint_cost)
+                yield comm.compute(checkpoint_cost)
                 if write_time > 0:
                     activity = yield comm.spawn(background_write(comm, write_time))
                     writes.append(activity)
@@ -376,16 +381,9 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
         if pending is not None and pending[0].done:
             durable = pending[1]                   # that write had finished before the crash
         spent["rolled_back"] += progress - durable     # finished work that must be redone
-        pending, progress, crash, failures = None, durable, crash_next, failures + 1
-        while True:                                 # restart; a crash restarts the restart
-            crash_next = schedule.next_failure(comm.rank, after=crash)
-            if crash + restart_cost <= crash_next:
-                yield comm.compute(restart_cost)
-                spent["restart"] += restart_cost
-                break
-            yield comm.compute(crash_next - crash)
-            spent["restart"] += crash_next - crash
-            crash, failures = crash_next, failures + 1
+        pending, progress, failures = None, durable, failures + 1
+        crash, again = yield from restart(comm, schedule, crash_next, restart_cost, spent)
+        failures += again
         now = yield comm.now()
     wall = now
     for activity in writes:                       # a rank joins its activities before returning

@@ -105,3 +105,13 @@ def reshard_plan(n, old_world, new_world, new_rank):
         if max(low, start) < min(high, stop):
             plan.append((old, max(low, start) - low, min(high, stop) - low))
     return plan
+
+
+def choose_timeout(period, stall_probability, stall_mean, beats, target):
+    """Exercise 6.10: each of the B gaps may exceed T with probability p = 1 − (1 − target)^(1/B);
+    a gap exceeds T when a stall (probability q) exceeds T − h: q·e^{−(T − h)/m} = p. Never
+    below the period."""
+    if not 0 < target < 1:
+        raise ValueError(f"target must be a rate strictly between 0 and 1, got {target}")
+    allowed = 1 - (1 - target) ** (1 / beats)
+    return max(period, period + stall_mean * math.log(stall_probability / allowed))

@@ -17,7 +17,7 @@ from dsml.exercises.week6 import job_cases, job_wall_time_reference
 
 solution = contract.solution_module(6)
 NOTEBOOK = contract.ROOT / "notebooks" / "week6_fault_tolerance_and_scaling.ipynb"
-COUNT = 9
+COUNT = 10
 
 
 # --- 6.1 ------------------------------------------------------------------------------------------
@@ -286,6 +286,43 @@ def reshard_with_numpy(n, old_world, new_world, new_rank):
     return plan
 
 
+# --- 6.10 -----------------------------------------------------------------------------------------
+
+def timeout_per_heartbeat(period, stall_probability, stall_mean, beats, target):
+    if not 0 < target < 1:
+        raise ValueError("target")
+    return max(period, period + stall_mean * math.log(stall_probability / target))
+
+
+def timeout_without_the_period(period, stall_probability, stall_mean, beats, target):
+    if not 0 < target < 1:
+        raise ValueError("target")
+    allowed = 1 - (1 - target) ** (1 / beats)
+    return max(period, stall_mean * math.log(stall_probability / allowed))
+
+
+def timeout_unchecked(period, stall_probability, stall_mean, beats, target):
+    allowed = 1 - (1 - min(max(target, 1e-12), 1 - 1e-12)) ** (1 / beats)
+    return max(period, period + stall_mean * math.log(stall_probability / allowed))
+
+
+def timeout_by_bisection(period, stall_probability, stall_mean, beats, target):
+    """Another right answer: bisect the false-suspicion chance, which falls as T grows."""
+    if not 0 < target < 1:
+        raise ValueError(f"target must be in (0, 1), got {target}")
+
+    def chance(timeout):
+        late = stall_probability * math.exp(-(timeout - period) / stall_mean)
+        return 1 - (1 - min(1.0, late)) ** beats
+    if chance(period) <= target:
+        return period
+    low, high = period, period + stall_mean * 1000
+    while high - low > 1e-13 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if chance(middle) <= target else (middle, high)
+    return high
+
+
 WRONG = {
     "6.1": [mtbf_of_the_job, mtbf_in_days],
     "6.2": [young_without_two, young_inverted, young_loose_search],
@@ -299,6 +336,7 @@ WRONG = {
             qsgd_up_with_the_wrong_probability],
     "6.8": [pays_ignoring_compression_time, pays_always],
     "6.9": [reshard_global_offsets, reshard_equal_chunks, reshard_keeps_empty_pieces],
+    "6.10": [timeout_per_heartbeat, timeout_without_the_period, timeout_unchecked],
 }
 
 HINT_WORDS = {
@@ -320,6 +358,8 @@ HINT_WORDS = {
     pays_ignoring_compression_time: "not free", pays_always: "to compress",
     reshard_global_offsets: "*inside*", reshard_equal_chunks: "torch.chunk",
     reshard_keeps_empty_pieces: "empty pieces",
+    timeout_per_heartbeat: "one heartbeat", timeout_without_the_period: "period left out",
+    timeout_unchecked: "strictly between 0 and 1",
 }
 
 
@@ -329,7 +369,8 @@ def job_by_events(work, interval, checkpoint_cost, restart_cost, failures):
 
 
 RIGHT = {"6.2": [young_golden_section], "6.3": [job_by_events],
-         "6.7": [qsgd_entry_by_entry, qsgd_binomial], "6.9": [reshard_with_numpy]}
+         "6.7": [qsgd_entry_by_entry, qsgd_binomial], "6.9": [reshard_with_numpy],
+         "6.10": [timeout_by_bisection]}
 
 globals().update(contract.contract_tests(6, COUNT, solution, WRONG, not_attempted_id="6.2",
                                          right=RIGHT, hint_words=HINT_WORDS))
@@ -432,3 +473,4 @@ def test_examples_in_the_statements_hold():
     plain = cost("allreduce", "ring", 8, 100e6, 5e-6, 0.8e-9)
     assert round(plain * 1e3) == 140 and solution.compression_pays(100e6, 8, 5e-6, 0.8e-9, 32, 2e9)
     assert solution.reshard_plan(10, 4, 3, 1) == [(1, 1, 3), (2, 0, 1)]
+    assert math.isclose(solution.choose_timeout(0.01, 1.0, 0.02, 1, math.exp(-2)), 0.05)

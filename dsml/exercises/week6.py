@@ -580,3 +580,65 @@ def check_reshard_plan(reshard_plan):
                       "overlap the new rank's range, and give each overlap inside its shard.")
         raise Wrong(f"{call} returned {plan}. {advice}")
     return "shrinking, growing, empty shards and an unchanged world size"
+
+
+# --- 6.10: a timeout for a target false-suspicion rate --------------------------------------------
+
+# (period s, stall probability q, stall mean s, heartbeats B, target rate)
+TIMEOUT_CASES = [(0.01, 0.05, 0.02, 50, 0.01), (1.0, 0.2, 3.0, 1000, 0.05),
+                 (0.5, 0.001, 0.1, 10, 0.5), (0.01, 0.05, 0.02, 1, 0.05),
+                 (2.0, 0.3, 0.5, 200, 1e-4), (0.1, 1.0, 0.05, 20, 0.1)]
+TIMEOUT_RTOL = 1e-7          # a bisection or a root finder meets this; so does the closed form
+
+
+def timeout_reference(period, q, stall_mean, beats, target, *, per_beat=False, period_left_out=False,
+                      floor=True) -> float:
+    """The smallest timeout T (s) with P(a live worker is suspected at least once in `beats`
+    heartbeats) ≤ target, when a gap is period + Exp(stall_mean) with probability q and
+    period otherwise: 1 − (1 − q e^{−(T − h)/m})^B = target; never below the period (a
+    timeout shorter than the period suspects everyone). The keywords make the mistakes."""
+    allowed = target if per_beat else 1 - (1 - target) ** (1 / beats)
+    timeout = (0.0 if period_left_out else period) + stall_mean * math.log(q / allowed)
+    return max(period, timeout) if floor else timeout
+
+
+TIMEOUT_MISTAKES = [
+    ({"per_beat": True}, "the target used for one heartbeat: a worker has B chances to be "
+                         "suspected, so each gap may exceed T with a smaller probability"),
+    ({"period_left_out": True}, "the period left out: a gap is the period plus the stall, so "
+                                "the stall must exceed T minus the period"),
+    ({"floor": False}, "a timeout below the period: then every gap exceeds it and every "
+                       "worker is suspected"),
+]
+
+
+@checker("6.10", "a timeout for a target false-suspicion rate")
+def check_choose_timeout(choose_timeout):
+    for case in TIMEOUT_CASES:
+        period, q, mean, beats, target = case
+        call = (f"choose_timeout(period={period:g}, stall_probability={q:g}, stall_mean={mean:g}, "
+                f"beats={beats}, target={target:g})")
+        got = as_float(choose_timeout(*case), call)
+        expected = timeout_reference(*case)
+        if math.isclose(got, expected, rel_tol=TIMEOUT_RTOL):
+            continue
+        matches = [hint for flags, hint in TIMEOUT_MISTAKES
+                   if math.isclose(got, timeout_reference(*case, **flags), rel_tol=1e-6)]
+        if matches:
+            advice = "It looks like " + "; or ".join(matches) + "."
+        elif got > expected:
+            advice = ("Longer than needed: the rate falls as the timeout grows, and the "
+                      "smallest timeout that meets the target is asked for.")
+        else:
+            advice = ("Too short: with it more workers than the target are suspected. Write the "
+                      "chance that one gap exceeds T, then that none of B gaps does.")
+        shown_got, shown_expected = _distinct(got, expected)
+        raise Wrong(f"{call} returned {shown_got} s, expected {shown_expected} s. {advice}")
+    for target in (0.0, 1.0, -0.1):
+        try:
+            choose_timeout(0.01, 0.05, 0.02, 50, target)
+        except ValueError:
+            continue
+        raise Wrong(f"choose_timeout(..., target={target:g}) returned; a target rate must lie "
+                    f"strictly between 0 and 1: raise ValueError naming target.")
+    return "from a rare short stall to stalls on every heartbeat"
