@@ -322,13 +322,10 @@ def adopt(self, decision) -> str:
 
 # -- cell 118
 @add_to_class(ElasticRank)
-def lead_rendezvous(self, reason: str):
-    """The leader's side: collect reports from the members it knows (a dead one raises
-    PeerFailed) and from spares due to join; choose the state to resume from — the latest
-    checkpoint after a failure (restore="checkpoint"), else the most advanced live replica —
-    get a copy if this rank lacks it, and send every member its decision."""
+def collect_reports(self, reason: str):
+    """The leader's first phase: reports from the members it knows (a dead one raises
+    PeerFailed) and from spares due to join. Returns (reports, whether a member failed)."""
     comm = self.comm
-    start = yield comm.now()
     reports = {self.me: self.report(reason)}
     for rank in [r for r in self.members if r != self.me and r not in self.dead]:
         try:
@@ -347,6 +344,18 @@ def lead_rendezvous(self, reason: str):
     # contact has lost no work)
     failure = (any(reports[r]["reason"] == "failure" for r in reports if r in self.members)
                or any(r in self.dead for r in self.members))
+    return reports, failure
+
+
+# -- cell 119
+@add_to_class(ElasticRank)
+def choose_state(self, reports: dict, failure: bool):
+    """The second phase: the state to resume from — the latest checkpoint after a failure
+    (restore="checkpoint"), else the most advanced live replica — fetched if the leader
+    lacks it (a source that dies meanwhile: choose again). Returns (kind, (step, checksum)
+    chosen, ranks that hold it, holders, the state, failure), or "stopped: why" when no
+    replica or checkpoint survives (everyone is told to stop)."""
+    comm = self.comm
     while True:
         holders = [r for r in reports if reports[r]["holds"] and r not in self.dead]
         if not holders:
@@ -374,6 +383,21 @@ def lead_rendezvous(self, reason: str):
             failure = True
             continue
         break
+    return kind, chosen, has_it, holders, state, failure
+
+
+# -- cell 120
+@add_to_class(ElasticRank)
+def lead_rendezvous(self, reason: str):
+    """The leader's side: collect the reports, choose the state to resume from, and send
+    every member its decision (the new membership, its epoch, and the state if it lacks it)."""
+    comm = self.comm
+    start = yield comm.now()
+    reports, failure = yield from self.collect_reports(reason)
+    choice = yield from self.choose_state(reports, failure)
+    if isinstance(choice, str):
+        return choice
+    kind, chosen, has_it, holders, state, failure = choice
     members = [r for r in self.seniority if r in reports and r not in self.dead]
     epoch = max(r["epoch"] for r in reports.values()) + 1
     resume = chosen[0]
@@ -410,7 +434,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 119
+# -- cell 121
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -432,7 +456,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 121
+# -- cell 123
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -477,7 +501,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 122
+# -- cell 124
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -503,7 +527,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 124
+# -- cell 126
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -541,7 +565,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 148
+# -- cell 150
 HEARTBEAT_TAG = 41
 
 
@@ -562,7 +586,7 @@ def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
     return "finished"
 
 
-# -- cell 149
+# -- cell 151
 def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
     """Rank program: the failure detector and membership. One listener activity per worker
     notes when its heartbeats arrive; every `check_every` s the monitor suspects each member
