@@ -1,12 +1,12 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.compression import Compressor, ErrorFeedback, PowerSGD, TopK
+from dsml.compression import Compressor, Dense, ErrorFeedback, PowerSGD, TopK
 from dsml.elastic import DOWN, ElasticRank, InjectedCrash, UP, check_membership, elastic_outcome
 from dsml.fault import FailureSchedule, young_interval
 
 
-# -- cell 180
+# -- cell 216
 import math
 
 import numpy as np
@@ -16,7 +16,7 @@ from dsml.comm.failures import PeerFailed
 from dsml.train.models import accuracy
 from dsml.utils import add_to_class
 
-COMPRESSORS = ("none", "topk", "powersgd")
+COMPRESSORS = ("none", "dense", "topk", "powersgd")
 CATEGORIES = ("compute", "communication", "checkpoint", "recovery", "lost")
 # A spare's time before it is admitted is its own category: it is not yet part of the job.
 LEDGER_CATEGORIES = ("compute", "communication", "checkpoint", "recovery", "spare")
@@ -31,14 +31,18 @@ def checkpoint_steps(checkpoint_seconds: float, job_mtbf: float, step_seconds: f
 
 
 def make_compressor(name: str, setting: float, shapes) -> Compressor | None:
-    """The compressor a rank wraps in error feedback: "none" (None: a plain float64 ring
-    all-reduce), "topk" (keep the fraction `setting` of the entries; all-gathered) or
-    "powersgd" (rank `setting` factors; all-reduced as they are). `shapes`: the gradient's
-    pieces in flat order (PowerSGD compresses each matrix)."""
+    """The compressor of a rank's gradient exchange: "none" (None: a float64 ring all-reduce,
+    exact), "dense" (fp32 on the wire, ring all-reduce: what a compressor's ratio is measured
+    against), "topk" (keep the fraction `setting` of the entries; all-gathered; with error
+    feedback) or "powersgd" (rank `setting` factors; all-reduced as they are; with error
+    feedback). `shapes`: the gradient's pieces in flat order (PowerSGD compresses each
+    matrix)."""
     if name not in COMPRESSORS:
         raise ValueError(f"compressor must be one of {COMPRESSORS}, got {name!r}")
     if name == "none":
         return None
+    if name == "dense":
+        return Dense()
     if name == "topk":
         return ErrorFeedback(TopK(fraction=setting))
     if setting != int(setting):
@@ -46,7 +50,7 @@ def make_compressor(name: str, setting: float, shapes) -> Compressor | None:
     return ErrorFeedback(PowerSGD(shapes, rank=int(setting)))
 
 
-# -- cell 182
+# -- cell 218
 class CapstoneRank(ElasticRank):
     """One rank of the capstone: elastic data parallelism (rendezvous, membership, restore,
     joins and in-memory checkpoints are ElasticRank's) whose step is a membership check
@@ -84,7 +88,7 @@ class CapstoneRank(ElasticRank):
         raise error
 
 
-# -- cell 184
+# -- cell 220
 @add_to_class(CapstoneRank)
 def check_in(self, samples: int, loss_sum: float):
     """The membership check: each worker sends the leader (step, samples, loss sum) and waits
@@ -143,6 +147,7 @@ def exchange_gradient(self, gradient):
     return total
 
 
+# -- cell 221
 @add_to_class(CapstoneRank)
 def ring_exchange(self, group, gradient):
     if self.compressor_name == "none":
@@ -157,7 +162,7 @@ def ring_exchange(self, group, gradient):
     return total
 
 
-# -- cell 186
+# -- cell 223
 @add_to_class(CapstoneRank)
 def train_step(self):
     """One step: local gradient (charged seconds_per_sample × shard × straggler factor),
@@ -196,6 +201,7 @@ def train_step(self):
     return None
 
 
+# -- cell 224
 @add_to_class(CapstoneRank)
 def run_rank(self):
     """ElasticRank's life (join, then steps and rendezvous until done), with every
@@ -226,10 +232,11 @@ def run_rank(self):
             "cursor": self.cursor, "history": self.history, "rendezvous": self.rendezvous_log,
             "epoch": self.epoch, "members": self.members, "dead": sorted(self.dead),
             "computed_samples": self.computed_samples, "ledger": self.ledger,
-            "curve": self.curve, "end": (yield comm.now())}
+            "curve": self.curve, "seconds_per_sample": self.sample_seconds,
+            "end": (yield comm.now())}
 
 
-# -- cell 188
+# -- cell 226
 def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, batch: int,
                    lr: float, members=None, joins=None, failures: FailureSchedule | None = None,
                    compute_factors=None, compressor: str = "topk",
@@ -278,22 +285,12 @@ def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, bat
     return result
 
 
-# -- cell 190
-def capstone_report(result) -> dict:
-    """What a capstone run (a RunResult of capstone_train) did, measured from the ranks'
-    ledgers. The compute and communication of a step attempt count as "lost" unless its
-    (step, epoch) is in the committed history; a spare's wait before admission is left out
-    of the job. Returns per-rank "breakdown" {category: s} (CATEGORIES), "ends" (s),
-    "goodput" = useful compute / Σ rank-seconds in the job, "samples_per_second" = committed
-    samples / run time, "computed_samples" {rank: samples it took a gradient of}, the
-    committed accuracy "curve" [(time s, steps, accuracy, loss)],
-    "members" [(time s, count)], "failures" [(time s, rank)], "joins" [(time s, rank)].
-    Raises elastic's TrainingLost when no rank finished, RuntimeError if a rank's ledger does
-    not add up to its wall time."""
-    outcome = elastic_outcome(result)
-    history = outcome["history"]
-    committed = {(record["step"], record["epoch"]) for record in history}
-    ledgers, curves, ends, failures, computed = {}, [], {}, [], {}
+# -- cell 228
+def rank_ledgers(result):
+    """Every rank's ledger, end time (s), computed samples and accuracy curve points, from a
+    capstone RunResult: a failed rank's ride on its InjectedCrash; idle ranks are left out.
+    Returns (ledgers, ends, computed, curves, failures) with failures [(time s, rank)]."""
+    ledgers, ends, computed, curves, failures = {}, {}, {}, [], []
     for rank, value in enumerate(result.values):
         if rank in result.failed:
             error = result.failed[rank]
@@ -305,22 +302,60 @@ def capstone_report(result) -> dict:
             ledgers[rank], ends[rank] = value["ledger"], value["end"]
             computed[rank] = value["computed_samples"]
             curves += value["curve"]
-    breakdown, spare = {}, {}
-    for rank, ledger in ledgers.items():
-        seconds = dict.fromkeys(CATEGORIES + ("spare",), 0.0)
-        for category, start, end, step, epoch in ledger:
-            if category in ("compute", "communication") and step >= 0 \
-                    and (step, epoch) not in committed:
-                category = "lost"
-            seconds[category] += end - start
-        if not math.isclose(sum(seconds.values()), ends[rank], rel_tol=1e-9, abs_tol=1e-12):
-            raise RuntimeError(f"rank {rank}: the ledger covers {sum(seconds.values())} s of "
-                               f"its {ends[rank]} s")
-        spare[rank] = seconds.pop("spare")
-        breakdown[rank] = seconds
+    return ledgers, ends, computed, curves, sorted(failures)
+
+
+def breakdown_of(ledger, committed, end: float, rank: int) -> dict:
+    """One rank's seconds per category (CATEGORIES, plus "spare"): the compute and
+    communication of a step attempt whose (step, epoch) is not committed count as "lost".
+    RuntimeError if the categories do not add up to the rank's wall time `end`."""
+    seconds = dict.fromkeys(CATEGORIES + ("spare",), 0.0)
+    for category, start, stop, step, epoch in ledger:
+        if category in ("compute", "communication") and step >= 0 \
+                and (step, epoch) not in committed:
+            category = "lost"
+        seconds[category] += stop - start
+    if not math.isclose(sum(seconds.values()), end, rel_tol=1e-9, abs_tol=1e-12):
+        raise RuntimeError(f"rank {rank}: the ledger covers {sum(seconds.values())} s of its "
+                           f"{end} s")
+    return seconds
+
+
+def committed_step_seconds(ledgers, committed) -> float:
+    """Rank-seconds spent in steps that were committed and kept: the compute and
+    communication (check-in and all-reduce, waits for a straggler included) of every step
+    attempt whose (step, epoch) is in the committed history, summed over the ranks."""
+    return sum(stop - start for ledger in ledgers.values()
+               for category, start, stop, step, epoch in ledger
+               if category in ("compute", "communication") and (step, epoch) in committed)
+
+
+# -- cell 229
+def capstone_report(result) -> dict:
+    """What a capstone run (a RunResult of capstone_train) did, measured from the ranks'
+    ledgers. Returns per-rank "breakdown" {category: s} (CATEGORIES), "ends" (s), "spare" (s
+    waiting to be admitted, not part of the job), and the two goodputs:
+    "effective_training_time" = rank-seconds in committed steps / rank-seconds in the job
+    (the industry's goodput: slow steps count; lost work, checkpoints, recovery and the
+    final agreement do not), and
+    "mfu" = committed samples × seconds_per_sample / Σ rank-seconds in the job (model-FLOP
+    utilisation: a rank at its nominal speed computes a sample in seconds_per_sample, so
+    this is the model FLOPs the kept steps needed over what the ranks could have done).
+    Also "samples_per_second" (committed samples / run time), "computed_samples"
+    {rank: samples}, the committed accuracy "curve" [(time s, steps, accuracy, loss)],
+    "members" [(time s, count)], "failures" and "joins" [(time s, rank)]. Raises elastic's
+    TrainingLost when no rank finished, RuntimeError if a ledger does not add up."""
+    outcome = elastic_outcome(result)
+    history = outcome["history"]
+    committed = {(record["step"], record["epoch"]) for record in history}
+    ledgers, ends, computed, curves, failures = rank_ledgers(result)
+    breakdown = {rank: breakdown_of(ledger, committed, ends[rank], rank)
+                 for rank, ledger in ledgers.items()}
+    spare = {rank: seconds.pop("spare") for rank, seconds in breakdown.items()}
     job_seconds = sum(ends[r] - spare[r] for r in ledgers)
-    useful = sum(seconds["compute"] for seconds in breakdown.values())
     samples = sum(record["batch"] for record in history)
+    per_sample = next(v["seconds_per_sample"] for r, v in enumerate(result.values)
+                      if r not in result.failed and "seconds_per_sample" in v)
     curve = sorted({(time, steps, acc, value) for time, steps, epoch, acc, value in curves
                     if (steps - 1, epoch) in committed})
     # The initial members are the ranks whose ledger does not open with a spare's wait.
@@ -330,11 +365,12 @@ def capstone_report(result) -> dict:
         members.append((record["end"], len(record["members"])))
         joins += [(record["end"], rank) for rank in record["joined"]]
     return {"breakdown": breakdown, "ends": ends, "spare": spare,
-            "goodput": useful / job_seconds if job_seconds > 0 else 0.0,
-            "useful_compute": useful, "job_seconds": job_seconds,
-            "samples": samples, "computed_samples": computed,
+            "effective_training_time": (committed_step_seconds(ledgers, committed) / job_seconds
+                                        if job_seconds > 0 else 0.0),
+            "mfu": samples * per_sample / job_seconds if job_seconds > 0 else 0.0,
+            "job_seconds": job_seconds, "samples": samples, "computed_samples": computed,
             "samples_per_second": samples / result.time,
-            "curve": curve, "members": members, "failures": sorted(failures),
+            "curve": curve, "members": members, "failures": failures,
             "joins": joins, "history": history, "params": outcome["params"],
             "time": result.time}
 

@@ -1,11 +1,9 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 51
+# -- cell 56
 import contextlib
 import hashlib
-import io
-import json
 import numbers
 import os
 import re
@@ -13,47 +11,20 @@ import tempfile
 import threading
 import time
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-FORMAT = "dsml-checkpoint"
-FORMAT_VERSION = 1
-DATA_FILE = "state.npz"
-MANIFEST_FILE = "manifest.json"
+# The file format (zip layout, manifest fields and their checks, JSON of a bit generator) is
+# plumbing in dsml.checkpoint_format; this section writes the protocol around it.
+from dsml.checkpoint_format import (DATA_FILE, MANIFEST_FILE, RETIRED_SUFFIX, STAGING_SUFFIX,
+                                    CheckpointError, CheckpointWarning, CorruptCheckpoint,
+                                    IncompatibleCheckpoint, decode, encode, from_json,
+                                    fsync_directory, leftovers, manifest_bytes, read_manifest,
+                                    remove_tree, to_json)
+
 PARTS = ("model", "optimizer", "rng", "data")     # what a restore can put back
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message says which and why."""
-
-
-class CorruptCheckpoint(CheckpointError):
-    """Incomplete, truncated or altered: its bytes are not those that were written. A manager
-    falls back to the previous checkpoint."""
-
-
-class IncompatibleCheckpoint(CheckpointError):
-    """Intact, but made by another model, optimizer or data set. Older checkpoints of the same
-    run would be too, so nothing falls back: the run stops with the mismatch named."""
-
-
-class CheckpointWarning(UserWarning):
-    """Issued when a manager skips a damaged checkpoint for an older one."""
-
-
-def fsync_directory(directory) -> None:
-    """Flush `directory` itself to disk, making a rename or a new name in it durable (POSIX keeps
-    names in the directory). Skipped where a directory cannot be opened (Windows)."""
-    if os.name != "posix":
-        return
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def write_atomically(path, data: bytes) -> None:
@@ -76,7 +47,7 @@ def write_atomically(path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
-# -- cell 53
+# -- cell 58
 from dsml.train.data import batch_indices
 
 
@@ -92,6 +63,7 @@ def _check_count(name, value, least):
     return int(value)
 
 
+# -- cell 59
 class ShuffledBatches:
     """Mini-batches of (X, y): every example once an epoch, in a fresh seeded order each epoch,
     the last batch of an epoch smaller when batch_size does not divide len(X). `position()` is
@@ -134,30 +106,36 @@ class ShuffledBatches:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed,
                 "examples": len(self.X), "batch_size": self.batch_size}
 
-    def mismatches(self, position: dict) -> list:
-        """Why `position` cannot be sought on this loader (an empty list when it can)."""
-        problems = []
-        for key, here in (("examples", len(self.X)), ("batch_size", self.batch_size)):
-            if position[key] != here:
-                problems.append(f"the data loader has {key} = {position[key]} in the checkpoint "
-                                f"but {here} here")
-        if not problems and not 0 <= position["index"] < self.batches_per_epoch:
-            problems.append(f"batch index {position['index']} is outside 0.."
-                            f"{self.batches_per_epoch - 1}")
-        return problems
 
-    def seek(self, position: dict) -> None:
-        problems = self.mismatches(position)
-        if problems:
-            raise IncompatibleCheckpoint("; ".join(problems))
-        self.seed = int(position["seed"])
-        self.epoch, self.index = int(position["epoch"]), int(position["index"])
+# -- cell 60
+from dsml.utils import add_to_class
 
 
-# -- cell 55
+@add_to_class(ShuffledBatches)
+def mismatches(self, position: dict) -> list:
+    """Why `position` cannot be sought on this loader (an empty list when it can)."""
+    problems = []
+    for key, here in (("examples", len(self.X)), ("batch_size", self.batch_size)):
+        if position[key] != here:
+            problems.append(f"the data loader has {key} = {position[key]} in the checkpoint "
+                            f"but {here} here")
+    if not problems and not 0 <= position["index"] < self.batches_per_epoch:
+        problems.append(f"batch index {position['index']} is outside 0.."
+                        f"{self.batches_per_epoch - 1}")
+    return problems
+
+
+@add_to_class(ShuffledBatches)
+def seek(self, position: dict) -> None:
+    problems = self.mismatches(position)
+    if problems:
+        raise IncompatibleCheckpoint("; ".join(problems))
+    self.seed = int(position["seed"])
+    self.epoch, self.index = int(position["epoch"]), int(position["index"])
+
+
+# -- cell 62
 HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "betas", "eps", "trust_coefficient")
-META_ARRAY = "meta.json"
-FIXED_ZIP_DATE = (1980, 1, 1, 0, 0, 0)        # the earliest a zip can store
 
 
 @dataclass
@@ -173,25 +151,6 @@ class TrainingState:
     def nbytes(self) -> int:
         """Bytes of all arrays, the raw size of the state."""
         return sum(array.nbytes for array in self.arrays.values())
-
-
-def _to_json(value):
-    """A bit generator's state as JSON: ints stay ints (exactly), arrays become tagged lists."""
-    if isinstance(value, dict):
-        return {key: _to_json(item) for key, item in value.items()}
-    if isinstance(value, np.ndarray):
-        return {"ndarray": value.tolist(), "dtype": value.dtype.str}
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _from_json(value):
-    if isinstance(value, dict):
-        if set(value) == {"ndarray", "dtype"}:
-            return np.array(value["ndarray"], dtype=value["dtype"])
-        return {key: _from_json(item) for key, item in value.items()}
-    return value
 
 
 def model_config(model) -> dict:
@@ -220,71 +179,21 @@ def capture_state(step: int, model, optimizer, rng, data, losses=()) -> Training
     hyper = {key: getattr(optimizer, key) for key in HYPERPARAMETERS if hasattr(optimizer, key)}
     meta = {"step": step, "model": model_config(model),
             "optimizer": {"class": type(optimizer).__name__, "steps": int(optimizer.steps),
-                          "hyperparameters": _to_json(hyper),
+                          "hyperparameters": to_json(hyper),
                           "parameter_steps": parameter_steps,
                           "trust": {name: float(x) for name, x in optimizer.trust.items()}},
-            "rng": _to_json(rng.bit_generator.state),
+            "rng": to_json(rng.bit_generator.state),
             "data": data.position()}
     return TrainingState(step, arrays, meta)
 
 
-def encode(state: TrainingState) -> tuple:
-    """(the bytes of state.npz, the manifest as a dict) for `state`; equal states give equal
-    bytes. Object arrays are refused (they would need pickle)."""
-    arrays = dict(state.arrays)
-    arrays[META_ARRAY] = np.frombuffer(json.dumps(state.meta, sort_keys=True).encode("utf-8"),
-                                       dtype=np.uint8)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name in sorted(arrays):
-            member = zipfile.ZipInfo(f"{name}.npy", date_time=FIXED_ZIP_DATE)
-            with archive.open(member, "w", force_zip64=True) as file:
-                np.lib.format.write_array(file, np.ascontiguousarray(arrays[name]),
-                                          allow_pickle=False)
-    data = buffer.getvalue()
-    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": state.step,
-                "data_file": DATA_FILE, "data_bytes": len(data),
-                "data_sha256": hashlib.sha256(data).hexdigest(),
-                "arrays": {name: {"shape": list(arrays[name].shape),
-                                  "dtype": arrays[name].dtype.str} for name in sorted(arrays)},
-                "model": state.meta["model"], "optimizer": state.meta["optimizer"]["class"]}
-    return data, manifest
-
-
-# -- cell 57
-MANIFEST_KEYS = {"format": str, "format_version": int, "step": int, "data_file": str,
-                 "data_bytes": int, "data_sha256": str, "arrays": dict}
-
-
-def read_manifest(path) -> dict:
-    """The manifest of the checkpoint directory `path`, checked for form; CorruptCheckpoint if it
-    is missing or malformed, IncompatibleCheckpoint if it is of another format version."""
-    path = Path(path)
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path.name}: no {MANIFEST_FILE}, so its write never "
-                                f"finished") from None
-    except (OSError, ValueError) as error:       # unreadable, not UTF-8, not JSON
-        raise CorruptCheckpoint(f"{path.name}: unreadable {MANIFEST_FILE} ({error})") from None
-    if not isinstance(manifest, dict):
-        raise CorruptCheckpoint(f"{path.name}: {MANIFEST_FILE} is not a JSON object")
-    for key, kind in MANIFEST_KEYS.items():
-        if not isinstance(manifest.get(key), kind):
-            raise CorruptCheckpoint(f"{path.name}: {MANIFEST_FILE} lacks a valid {key!r}")
-    if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
-        raise IncompatibleCheckpoint(
-            f"{path.name}: format {manifest['format']!r} version {manifest['format_version']}; "
-            f"this code reads {FORMAT!r} version {FORMAT_VERSION}")
-    if manifest["data_file"] != DATA_FILE:
-        raise CorruptCheckpoint(f"{path.name}: data_file must be {DATA_FILE!r}, got "
-                                f"{manifest['data_file']!r}")
-    return manifest
-
-
+# -- cell 64
 def read_checkpoint(path) -> TrainingState:
-    """Load and verify the checkpoint directory `path` (length, SHA-256, arrays against the
-    manifest); CorruptCheckpoint saying what is wrong otherwise."""
+    """Load and verify the checkpoint directory `path`, in the order a damaged one fails: its
+    manifest (present, and of the right form: read_manifest), the data file's length (a
+    truncated write), its SHA-256 (any flipped bit), then its contents (decode: no pickle,
+    exactly the arrays the manifest lists). CorruptCheckpoint saying what is wrong, or
+    IncompatibleCheckpoint for another format version."""
     path = Path(path)
     manifest = read_manifest(path)
     try:
@@ -299,28 +208,11 @@ def read_checkpoint(path) -> TrainingState:
         raise CorruptCheckpoint(f"{path.name}: checksum mismatch, SHA-256 of {DATA_FILE} is "
                                 f"{digest[:12]}… but the manifest says "
                                 f"{manifest['data_sha256'][:12]}…")
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-        meta = json.loads(arrays.pop(META_ARRAY).tobytes().decode("utf-8"))
-    except Exception as error:        # a bad zip, a pickled object, bad JSON: all the same here
-        raise CorruptCheckpoint(f"{path.name}: unreadable {DATA_FILE} ({error})") from None
-    listed = {name: spec for name, spec in manifest["arrays"].items() if name != META_ARRAY}
-    if set(listed) != set(arrays):
-        raise CorruptCheckpoint(f"{path.name}: the manifest lists {sorted(listed)} but "
-                                f"{DATA_FILE} holds {sorted(arrays)}")
-    for name, spec in listed.items():
-        if list(arrays[name].shape) != spec.get("shape") or arrays[name].dtype.str != \
-                spec.get("dtype"):
-            raise CorruptCheckpoint(f"{path.name}: {name} is {arrays[name].dtype.str} "
-                                    f"{arrays[name].shape} but the manifest says {spec}")
-    if meta.get("step") != manifest["step"]:
-        raise CorruptCheckpoint(f"{path.name}: step {meta.get('step')} in the data, "
-                                f"{manifest['step']} in the manifest")
+    arrays, meta = decode(path, data, manifest)
     return TrainingState(manifest["step"], arrays, meta)
 
 
-# -- cell 59
+# -- cell 66
 def _check_parts(parts) -> tuple:
     parts = tuple(parts)
     unknown = [part for part in parts if part not in PARTS]
@@ -373,6 +265,7 @@ def _optimizer_mismatches(state, optimizer, model) -> list:
     return problems
 
 
+# -- cell 67
 def restore(state: TrainingState, model, optimizer, rng, data, parts=PARTS) -> None:
     """Put `state` back into `model`, `optimizer`, `rng` and `data` (those named in `parts`),
     after checking that it fits them all; IncompatibleCheckpoint naming every mismatch if not."""
@@ -397,7 +290,7 @@ def restore(state: TrainingState, model, optimizer, rng, data, parts=PARTS) -> N
     if "optimizer" in parts:
         _restore_optimizer(state, optimizer)
     if "rng" in parts:
-        rng.bit_generator.state = _from_json(state.meta["rng"])
+        rng.bit_generator.state = from_json(state.meta["rng"])
     if "data" in parts:
         data.seek(state.meta["data"])
 
@@ -417,7 +310,7 @@ def _restore_optimizer(state, optimizer) -> None:
         setattr(optimizer, key, tuple(value) if isinstance(value, list) else value)
 
 
-# -- cell 61
+# -- cell 69
 from dsml.utils import add_to_class
 
 STEP_DIRECTORY = re.compile(r"^step_(\d+)$")
@@ -425,7 +318,7 @@ STEP_DIRECTORY = re.compile(r"^step_(\d+)$")
 
 class CheckpointManager:
     """Checkpoints of one run in `directory` (which must exist and be writable, unless
-    create=True makes it): step_<n> subdirectories, the newest `keep_last` complete ones kept."""
+    create=True makes it): step_<n> subdirectories, the newest `keep_last` that verify kept."""
 
     def __init__(self, directory, keep_last: int = 3, create: bool = False):
         self.keep_last = _check_count("keep_last", keep_last, 1)
@@ -465,76 +358,114 @@ class CheckpointManager:
         self.wait()
         return self.write(capture_state(step, model, optimizer, rng, data, losses))
 
-    def write(self, state: TrainingState) -> Path:
-        """Write `state` as step_<state.step> (data file, then manifest) and rotate."""
-        started = time.perf_counter()
-        data, manifest = encode(state)
-        path = self.path_of(state.step)
-        try:
-            if not path.exists():
-                path.mkdir()
-                fsync_directory(self.directory)
-            elif (path / MANIFEST_FILE).exists():         # invalidate the old one first
-                (path / MANIFEST_FILE).unlink()
-                fsync_directory(path)
-            write_atomically(path / DATA_FILE, data)
-            write_atomically(path / MANIFEST_FILE,
-                             json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-        except BaseException as error:
-            with contextlib.suppress(OSError):
-                self._remove(path)
-            if isinstance(error, OSError):
-                left = (f"its unfinished directory {path} could not be removed (it has no "
-                        f"manifest, so it is never loaded)" if path.exists()
-                        else "nothing of it was left")
-                raise type(error)(error.errno, f"could not write checkpoint {path.name} in "
-                                  f"{self.directory} ({error.strerror}); {left}, older "
-                                  f"checkpoints are untouched") from error
-            raise
-        self.rotate()
-        self.last_write_seconds = time.perf_counter() - started
-        return path
 
-    def rotate(self) -> list:
-        """Delete every checkpoint older than the newest `keep_last` complete ones; returns the
-        steps deleted. Incomplete checkpoints newer than those are left alone."""
-        complete = self.complete_steps()
-        if not complete:
-            return []
-        oldest_kept = complete[-self.keep_last:][0]
-        removed = []
-        for step, path in self.checkpoints():
-            if step < oldest_kept:
-                self._remove(path)
-                removed.append(step)
-        return removed
-
-    def _remove(self, path) -> None:
-        if not path.exists():
-            return
-        manifest = path / MANIFEST_FILE
-        if manifest.exists():                  # first: from now on it is merely incomplete
-            manifest.unlink()
-            fsync_directory(path)
-        for leftover in path.iterdir():
-            leftover.unlink()
-        path.rmdir()
-        fsync_directory(self.directory)
+# -- cell 70
+@add_to_class(CheckpointManager)
+def write(self, state: TrainingState) -> Path:
+    """Write `state` as step_<state.step>: into a staging directory (the data file, then the
+    manifest, each atomically), which is then renamed into place; rotate. Leftovers of a
+    killed save are removed first."""
+    started = time.perf_counter()
+    self.sweep()
+    data, manifest = encode(state)
+    path, staging = self.path_of(state.step), None
+    try:
+        staging = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".{path.name}.",
+                                        suffix=STAGING_SUFFIX))
+        write_atomically(staging / DATA_FILE, data)
+        write_atomically(staging / MANIFEST_FILE, manifest_bytes(manifest))   # last
+        self.publish(staging, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            if staging is not None:
+                remove_tree(staging)
+        if isinstance(error, OSError):
+            left = (f"its staging directory {staging.name} could not be removed (the next "
+                    f"save removes it)" if staging is not None and staging.exists()
+                    else "nothing of it was left")
+            raise type(error)(error.errno, f"could not write checkpoint {path.name} in "
+                              f"{self.directory} ({error.strerror}); {left}, older "
+                              f"checkpoints are untouched") from error
+        raise
+    self.last_write_seconds = time.perf_counter() - started
+    self.rotate()
+    return path
 
 
-# -- cell 63
+@add_to_class(CheckpointManager)
+def publish(self, staging: Path, path: Path) -> None:
+    """Rename the complete `staging` directory to `path`. Re-saving a step swaps: the old
+    checkpoint is renamed aside first and removed only once the new one is in place, so a
+    kill at any instant leaves a whole checkpoint of that step (recover() puts the old one
+    back if the kill fell between the two renames)."""
+    retired = None
+    if path.exists():
+        retired = path.with_name(f".{path.name}.{os.getpid()}{RETIRED_SUFFIX}")
+        os.rename(path, retired)
+    os.rename(staging, path)
+    fsync_directory(self.directory)
+    if retired is not None:
+        remove_tree(retired)
+
+
+# -- cell 71
+@add_to_class(CheckpointManager)
+def recover(self) -> None:
+    """Put back a checkpoint that a killed re-save had renamed aside and not yet replaced."""
+    for entry in leftovers(self.directory):
+        match = re.match(r"^\.(step_\d+)\.", entry.name)
+        if entry.name.endswith(RETIRED_SUFFIX) and not (self.directory / match[1]).exists():
+            os.rename(entry, self.directory / match[1])
+            fsync_directory(self.directory)
+
+
+@add_to_class(CheckpointManager)
+def sweep(self) -> list:
+    """recover(), then remove what killed saves left (staging directories, temporary files,
+    checkpoints renamed aside); returns their names."""
+    self.recover()
+    removed = leftovers(self.directory)
+    for entry in removed:
+        remove_tree(entry)
+    return [entry.name for entry in removed]
+
+
+@add_to_class(CheckpointManager)
+def rotate(self) -> list:
+    """Delete every checkpoint older than the newest `keep_last` that verify (read and
+    checksummed: a damaged one does not count); returns the steps deleted. Unverified
+    checkpoints newer than those are left alone: latest() skips them with a message."""
+    kept = []
+    for step, path in reversed(self.checkpoints()):
+        if len(kept) == self.keep_last:
+            break
+        with contextlib.suppress(CheckpointError):
+            read_checkpoint(path)
+            kept.append(step)
+    if not kept:
+        return []
+    removed = []
+    for step, path in self.checkpoints():
+        if step < kept[-1]:
+            remove_tree(path)
+            removed.append(step)
+    return removed
+
+
+# -- cell 73
 @add_to_class(CheckpointManager)
 def latest(self) -> tuple:
     """(the newest checkpoint that verifies, notes on the newer ones skipped): (None, notes)
     when no checkpoint was ever completed; CorruptCheckpoint when some were and none
     verifies. Each note is also issued as a CheckpointWarning."""
     self.wait()
+    self.recover()
     skipped, completed = [], False
     for step, path in reversed(self.checkpoints()):
         completed = completed or (path / MANIFEST_FILE).exists()
         try:
             state = read_checkpoint(path)
-        except CorruptCheckpoint as problem:
+        except CheckpointError as problem:     # damaged, malformed, or another format version
             skipped.append(str(problem))
             continue
         notes = [f"skipped {reason}; resuming from {path.name} instead"
@@ -562,7 +493,7 @@ def restore_latest(self, model, optimizer, rng, data, parts=PARTS) -> tuple:
     return state, notes
 
 
-# -- cell 65
+# -- cell 75
 @add_to_class(CheckpointManager)
 def save_async(self, step: int, model, optimizer, rng, data, losses=()) -> None:
     """Snapshot the state now, write it in a background thread (after the previous one)."""
@@ -592,7 +523,7 @@ def wait(self) -> None:
         raise error
 
 
-# -- cell 67
+# -- cell 77
 from dsml.train.models import loss_and_grads
 
 
@@ -618,6 +549,7 @@ class TrainResult:
     saved: list
 
 
+# -- cell 78
 def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_every: int = 0,
           resume: bool = True, asynchronous: bool = False, input_noise: float = 0.0,
           loss: str = "cross_entropy", crash_at=None, resume_parts=PARTS) -> TrainResult:
@@ -661,3 +593,58 @@ def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_e
     if manager is not None:
         manager.wait()
     return TrainResult(losses, resumed_from, notes, saved)
+
+
+# -- cell 96
+from dsml.checkpoint_format import (encode_shard, read_shard, read_sharded_manifest, shard_file,
+                                    sharded_manifest)
+from dsml.data_parallel import shard_bounds
+
+SHARD_TAG = 61          # the tag of the save's messages to and from rank 0
+
+
+def save_sharded(comm, directory, step: int, shards: dict):
+    """Rank program body (`yield from` it): write this rank's `shards` (name -> its 1-D piece
+    of each flat vector, pieces in rank order) into `directory` atomically, report the file's
+    length and SHA-256 to rank 0, which writes the manifest last; every rank returns once the
+    manifest is on disk. Returns the directory."""
+    directory = Path(directory)
+    data, entry = encode_shard(comm.rank, comm.size, shards)
+    write_atomically(directory / entry["file"], data)
+    if comm.rank != 0:
+        yield comm.send(0, entry, tag=SHARD_TAG)
+        yield comm.recv(0, tag=SHARD_TAG)             # the manifest is written: done
+        return directory
+    entries = [entry]
+    for rank in range(1, comm.size):
+        entries.append((yield comm.recv(rank, tag=SHARD_TAG)))
+    write_atomically(directory / MANIFEST_FILE, manifest_bytes(sharded_manifest(step, entries)))
+    for rank in range(1, comm.size):
+        yield comm.send(rank, "saved", tag=SHARD_TAG)
+    return directory
+
+
+def load_resharded(directory, rank: int, world_size: int) -> dict:
+    """Rank `rank` of `world_size`'s shard of every array of the sharded checkpoint in
+    `directory`, whatever world size saved it: [start, stop) = shard_bounds(total, world_size,
+    rank) of each flat vector, copied from the old shards that overlap it, each verified
+    before use (CorruptCheckpoint names a damaged one). Bit-identical to slicing the whole."""
+    if not (isinstance(world_size, int) and world_size >= 1 and 0 <= rank < world_size):
+        raise ValueError(f"need 0 ≤ rank < world_size with world_size ≥ 1, got rank {rank!r}, "
+                         f"world_size {world_size!r}")
+    manifest = read_sharded_manifest(directory)
+    verified, mine = {}, {}
+    for name, total in manifest["totals"].items():
+        start, stop = shard_bounds(total, world_size, rank)
+        piece = np.empty(stop - start, dtype=manifest["dtypes"][name])
+        for shard in manifest["shards"]:
+            low, high = shard["offsets"][name]
+            first, last = max(low, start), min(high, stop)
+            if first >= last:
+                continue                               # no overlap: never read
+            if shard["rank"] not in verified:
+                verified[shard["rank"]] = read_shard(directory, shard, manifest["dtypes"])
+            old = verified[shard["rank"]][name]
+            piece[first - start:last - start] = old[first - low:last - low]
+        mine[name] = piece
+    return mine

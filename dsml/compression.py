@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 135
+# -- cell 164
 import math
 import numbers
 import time
@@ -53,6 +53,7 @@ def _buckets(n: int, bucket):
     return [(start, min(start + size, n)) for start in range(0, n, max(size, 1))]
 
 
+# -- cell 165
 def _bucket_sums(values, bucket):
     """The sum (float64) of `values` over each bucket, without a Python loop over buckets."""
     n = len(values)
@@ -106,6 +107,7 @@ class Dense(Compressor):
         return c.arrays["values"].astype(np.float64)
 
 
+# -- cell 166
 class Sign(Compressor):
     """1-bit quantization with scale (Seide et al. 2014; signSGD's sign with a scale): each
     element becomes its sign, one bit on the wire (zero counts as +), and each bucket of `bucket`
@@ -130,7 +132,7 @@ class Sign(Compressor):
         return signs * _per_element(c.arrays["scales"].astype(np.float64), c.n, self.bucket)
 
 
-# -- cell 137
+# -- cell 168
 def qsgd(x, levels: int, rng, bucket: int | None = None):
     """QSGD (Alistarh et al. 2017) with s = `levels` levels, returned dequantized (float64, the
     shape of x). In each bucket v (of `bucket` elements; the whole vector if None) element i
@@ -187,6 +189,7 @@ def qsgd_variance_bound(x, levels: int, bucket: int | None = None) -> float:
     return total
 
 
+# -- cell 169
 class QSGD(Compressor):
     """QSGD as a compressor: per element a signed level in −s..s (int8 for s ≤ 127, else int16;
     packing to 1 + ⌈log₂(s+1)⌉ bits, or the paper's Elias coding, would shrink it further) and
@@ -208,7 +211,7 @@ class QSGD(Compressor):
         return _qsgd_dequantize(c.arrays["levels"], c.arrays["norms"], self.levels, self.bucket)
 
 
-# -- cell 139
+# -- cell 171
 def _k_of(n: int, k, fraction) -> int:
     if fraction is not None:
         return max(1, math.ceil(fraction * n)) if n else 0
@@ -253,6 +256,7 @@ class TopK(Compressor):
         return out
 
 
+# -- cell 172
 class RandomK(Compressor):
     """Keep k elements chosen uniformly at random without replacement (k given, or
     ⌈fraction·n⌉). `unbiased=False` (the default, as in sparsified SGD with memory, Stich et al.
@@ -300,7 +304,7 @@ class RandomK(Compressor):
         return out
 
 
-# -- cell 141
+# -- cell 174
 class ErrorFeedback(Compressor):
     """Error feedback (1-bit SGD, Seide et al. 2014; EF-SGD, Karimireddy et al. 2019) around ANY
     compressor: compress x + e instead of x and keep the new residual e ← (x + e) − x̂, so that
@@ -341,7 +345,7 @@ class ErrorFeedback(Compressor):
         return total, mine
 
 
-# -- cell 143
+# -- cell 176
 class MajorityVote(Compressor):
     """signSGD with majority vote (Bernstein et al. 2018), with a scale: each rank sends its signs
     as int8 ±1 and its mean |x| as one fp32. All-reduced as they are, the int8 signs sum to the
@@ -403,7 +407,7 @@ def exchange(self, comm, x, rng=None):
     return total, mine
 
 
-# -- cell 145
+# -- cell 178
 class PowerSGD(Compressor):
     """PowerSGD (Vogels, Karimireddy & Jaggi 2019): each matrix M (rows × cols) of the gradient
     is sent as rank-r factors from one step of power iteration, P = M Q, P̂ = orthonormalize(P),
@@ -463,53 +467,63 @@ class PowerSGD(Compressor):
             at += rows * self.rank
         return out, flat[at:].astype(np.float64)
 
-    def _rows_cols(self):
-        rows = [s[0] for s in self.shapes if len(s) == 2]
-        cols = [s[1] for s in self.shapes if len(s) == 2]
-        return rows, cols
 
-    def compress(self, x, rng=None):
-        matrices, dense = self._split(x)
-        P_hats = [np.linalg.qr(M @ Q)[0] for M, Q in zip(matrices, self.Q)]
-        self.Q = [M.T @ P for M, P in zip(matrices, P_hats)]          # the warm start
-        return Compressed({"P": _concat_f32(P_hats), "Q": _concat_f32(self.Q),
-                           "dense": dense.astype(WIRE_FLOAT)}, self.n)
-
-    def decompress(self, c):
-        rows, cols = self._rows_cols()
-        P_hats, _ = self._cut(c.arrays["P"], rows)
-        Qs, _ = self._cut(c.arrays["Q"], cols)
-        return self._assemble(P_hats, Qs, c.arrays["dense"].astype(np.float64))
-
-    def exchange(self, comm, x, rng=None):
-        """Rank program body (`yield from` it): two all-reduces, of [P, dense pieces] and of Q.
-        Returns (Σ_ranks P̂ Q_rᵀ with the dense pieces summed, this rank's own P̂ Q_rᵀ)."""
-        matrices, dense = self._split(x)
-        rows, cols = self._rows_cols()
-        first = np.concatenate([_concat_f32([M @ Q for M, Q in zip(matrices, self.Q)]),
-                                dense.astype(WIRE_FLOAT)])
-        summed = yield from allreduce(comm, first, op="sum")
-        P_sums, dense_sum = self._cut(summed, rows)
-        # Every rank holds the same P sum, so every rank computes the same P̂.
-        P_hats = [np.linalg.qr(P)[0] for P in P_sums]
-        Q_mine = [M.T @ P for M, P in zip(matrices, P_hats)]
-        Q_wire = _concat_f32(Q_mine)
-        Q_summed = yield from allreduce(comm, Q_wire, op="sum")
-        Q_sums, _ = self._cut(Q_summed, cols)
-        Q_mine, _ = self._cut(Q_wire, cols)                 # as rounded on the wire
-        self.Q = [Q / comm.size for Q in Q_sums]              # warm start: the mean Q
-        total = self._assemble(P_hats, Q_sums, dense_sum)
-        mine = self._assemble(P_hats, Q_mine, dense.astype(WIRE_FLOAT).astype(np.float64))
-        return total, mine
+# -- cell 179
+@add_to_class(PowerSGD)
+def _rows_cols(self):
+    rows = [s[0] for s in self.shapes if len(s) == 2]
+    cols = [s[1] for s in self.shapes if len(s) == 2]
+    return rows, cols
 
 
+@add_to_class(PowerSGD)
+def compress(self, x, rng=None):
+    matrices, dense = self._split(x)
+    P_hats = [np.linalg.qr(M @ Q)[0] for M, Q in zip(matrices, self.Q)]
+    self.Q = [M.T @ P for M, P in zip(matrices, P_hats)]          # the warm start
+    return Compressed({"P": _concat_f32(P_hats), "Q": _concat_f32(self.Q),
+                       "dense": dense.astype(WIRE_FLOAT)}, self.n)
+
+
+@add_to_class(PowerSGD)
+def decompress(self, c):
+    rows, cols = self._rows_cols()
+    P_hats, _ = self._cut(c.arrays["P"], rows)
+    Qs, _ = self._cut(c.arrays["Q"], cols)
+    return self._assemble(P_hats, Qs, c.arrays["dense"].astype(np.float64))
+
+
+@add_to_class(PowerSGD)
+def exchange(self, comm, x, rng=None):
+    """Rank program body (`yield from` it): two all-reduces, of [P, dense pieces] and of Q.
+    Returns (Σ_ranks P̂ Q_rᵀ with the dense pieces summed, this rank's own P̂ Q_rᵀ)."""
+    matrices, dense = self._split(x)
+    rows, cols = self._rows_cols()
+    first = np.concatenate([_concat_f32([M @ Q for M, Q in zip(matrices, self.Q)]),
+                            dense.astype(WIRE_FLOAT)])
+    summed = yield from allreduce(comm, first, op="sum")
+    P_sums, dense_sum = self._cut(summed, rows)
+    # Every rank holds the same P sum, so every rank computes the same P̂.
+    P_hats = [np.linalg.qr(P)[0] for P in P_sums]
+    Q_mine = [M.T @ P for M, P in zip(matrices, P_hats)]
+    Q_wire = _concat_f32(Q_mine)
+    Q_summed = yield from allreduce(comm, Q_wire, op="sum")
+    Q_sums, _ = self._cut(Q_summed, cols)
+    Q_mine, _ = self._cut(Q_wire, cols)                 # as rounded on the wire
+    self.Q = [Q / comm.size for Q in Q_sums]              # warm start: the mean Q
+    total = self._assemble(P_hats, Q_sums, dense_sum)
+    mine = self._assemble(P_hats, Q_mine, dense.astype(WIRE_FLOAT).astype(np.float64))
+    return total, mine
+
+
+# -- cell 180
 def _concat_f32(arrays):
     if not arrays:
         return np.zeros(0, dtype=WIRE_FLOAT)
     return np.concatenate([np.ravel(a) for a in arrays]).astype(WIRE_FLOAT)
 
 
-# -- cell 147
+# -- cell 182
 def compressed_data_parallel_sgd(comm, model, optimizer, X, y, batches, compressor: Compressor,
                                  seed: int = 0, loss: str = "cross_entropy"):
     """Rank program body (`yield from` it): week 3's synchronous data-parallel SGD with the
@@ -545,7 +559,7 @@ def trace_bytes_sent(trace) -> int:
     return int(sum(r.nbytes for r in trace if r.op in ("send", "sendrecv")))
 
 
-# -- cell 149
+# -- cell 184
 COLLECTIVES = ("allreduce", "allgather")
 
 

@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 92
+# -- cell 107
 import copy
 import zlib
 
@@ -60,6 +60,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
     return batch * members, lr * members / initial_members
 
 
+# -- cell 108
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
@@ -91,7 +92,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 94
+# -- cell 110
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -148,21 +149,26 @@ class ElasticRank:
         if self.detect:
             yield self.comm.compute(self.detect)
 
-    def candidate(self) -> int:
-        """The most senior rank not known dead that this rank can see: its members (a member),
-        or every rank more senior than itself (a spare waiting to join)."""
-        if self.member:
-            view = [r for r in self.seniority if r in self.members or r == self.me]
-        else:
-            view = self.seniority[:self.seniority.index(self.me) + 1]
-        return next(r for r in view if r not in self.dead)
 
-    def joiners_due(self, step: int) -> list:
-        return [r for r in self.seniority if r in self.joins and r not in self.members
-                and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
+# -- cell 111
+@add_to_class(ElasticRank)
+def candidate(self) -> int:
+    """The most senior rank not known dead that this rank can see: its members (a member),
+    or every rank more senior than itself (a spare waiting to join)."""
+    if self.member:
+        view = [r for r in self.seniority if r in self.members or r == self.me]
+    else:
+        view = self.seniority[:self.seniority.index(self.me) + 1]
+    return next(r for r in view if r not in self.dead)
 
 
-# -- cell 96
+@add_to_class(ElasticRank)
+def joiners_due(self, step: int) -> list:
+    return [r for r in self.seniority if r in self.joins and r not in self.members
+            and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
+
+
+# -- cell 113
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -204,6 +210,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
+# -- cell 114
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -254,7 +261,7 @@ def train_step(self):
     return None
 
 
-# -- cell 98
+# -- cell 116
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -313,15 +320,12 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 100
+# -- cell 118
 @add_to_class(ElasticRank)
-def lead_rendezvous(self, reason: str):
-    """The leader's side: collect reports from the members it knows (a dead one raises
-    PeerFailed) and from spares due to join; choose the state to resume from — the latest
-    checkpoint after a failure (restore="checkpoint"), else the most advanced live replica —
-    get a copy if this rank lacks it, and send every member its decision."""
+def collect_reports(self, reason: str):
+    """The leader's first phase: reports from the members it knows (a dead one raises
+    PeerFailed) and from spares due to join. Returns (reports, whether a member failed)."""
     comm = self.comm
-    start = yield comm.now()
     reports = {self.me: self.report(reason)}
     for rank in [r for r in self.members if r != self.me and r not in self.dead]:
         try:
@@ -340,6 +344,18 @@ def lead_rendezvous(self, reason: str):
     # contact has lost no work)
     failure = (any(reports[r]["reason"] == "failure" for r in reports if r in self.members)
                or any(r in self.dead for r in self.members))
+    return reports, failure
+
+
+# -- cell 119
+@add_to_class(ElasticRank)
+def choose_state(self, reports: dict, failure: bool):
+    """The second phase: the state to resume from — the latest checkpoint after a failure
+    (restore="checkpoint"), else the most advanced live replica — fetched if the leader
+    lacks it (a source that dies meanwhile: choose again). Returns (kind, (step, checksum)
+    chosen, ranks that hold it, holders, the state, failure), or "stopped: why" when no
+    replica or checkpoint survives (everyone is told to stop)."""
+    comm = self.comm
     while True:
         holders = [r for r in reports if reports[r]["holds"] and r not in self.dead]
         if not holders:
@@ -367,6 +383,21 @@ def lead_rendezvous(self, reason: str):
             failure = True
             continue
         break
+    return kind, chosen, has_it, holders, state, failure
+
+
+# -- cell 120
+@add_to_class(ElasticRank)
+def lead_rendezvous(self, reason: str):
+    """The leader's side: collect the reports, choose the state to resume from, and send
+    every member its decision (the new membership, its epoch, and the state if it lacks it)."""
+    comm = self.comm
+    start = yield comm.now()
+    reports, failure = yield from self.collect_reports(reason)
+    choice = yield from self.choose_state(reports, failure)
+    if isinstance(choice, str):
+        return choice
+    kind, chosen, has_it, holders, state, failure = choice
     members = [r for r in self.seniority if r in reports and r not in self.dead]
     epoch = max(r["epoch"] for r in reports.values()) + 1
     resume = chosen[0]
@@ -403,6 +434,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
+# -- cell 121
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -424,7 +456,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 102
+# -- cell 123
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -469,6 +501,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
+# -- cell 124
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -494,7 +527,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 104
+# -- cell 126
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -530,3 +563,68 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
         optimizer.step(model.params, grads)
         losses.append(value)
     return losses
+
+
+# -- cell 150
+HEARTBEAT_TAG = 41
+
+
+def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
+    """Rank program: send `monitor` a heartbeat ("beat", fencing token) after each `period`
+    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token); with
+    `crash_at` = k, fail (fail-stop) instead of beat k, the time of failure on the error's
+    `.time`. The token is the epoch the worker was admitted in: 0."""
+    token = 0
+    for k, stall in enumerate(stalls):
+        if k == crash_at:
+            error = InjectedCrash(f"rank {comm.rank} failed before heartbeat {k}")
+            error.time = yield comm.now()
+            raise error
+        yield comm.compute(period + float(stall))
+        yield comm.send(monitor, ("beat", token), tag=HEARTBEAT_TAG)
+    yield comm.send(monitor, ("bye", token), tag=HEARTBEAT_TAG)
+    return "finished"
+
+
+# -- cell 151
+def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
+    """Rank program: the failure detector and membership. One listener activity per worker
+    notes when its heartbeats arrive; every `check_every` s the monitor suspects each member
+    silent for more than `timeout` s and removes it: a new epoch, its token revoked, and
+    whatever it sends later refused (fenced). The engine's failure notice (PeerFailed) only
+    ends a listener. Returns, once every worker has said bye or been suspected,
+    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks}}."""
+    last = dict.fromkeys(workers, 0.0)
+    revoked, suspected, fenced, finished = set(), {}, [], set()
+
+    def listen(worker):
+        while True:
+            try:
+                kind, token = yield comm.recv(worker, tag=HEARTBEAT_TAG)
+            except PeerFailed:
+                return                             # silence from now on
+            now = yield comm.now()
+            if (worker, token) in revoked:
+                fenced.append((now, worker))       # a revoked token: refused
+            else:
+                last[worker] = now
+                if kind == "bye":
+                    finished.add(worker)
+            if kind == "bye":
+                return
+
+    listeners = []
+    for worker in workers:
+        listeners.append((yield comm.spawn(listen(worker))))
+    epoch = 0
+    while any(w not in finished and w not in suspected for w in workers):
+        yield comm.compute(check_every)
+        now = yield comm.now()
+        for worker in workers:
+            if worker not in finished and worker not in suspected \
+                    and now - last[worker] > timeout:
+                suspected[worker], epoch = now, epoch + 1
+                revoked.add((worker, 0))
+    for listener in listeners:
+        yield comm.join(listener)
+    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished}

@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 7
+# -- cell 8
 import bisect
 import math
 import numbers
@@ -39,7 +39,7 @@ def check_count(name: str, value: int, minimum: int = 0) -> int:
     return int(value)
 
 
-# -- cell 8
+# -- cell 9
 @dataclass(frozen=True)
 class ExponentialFailures:
     """Fail-stop crashes of one node with exponential lifetimes of mean `mtbf` seconds.
@@ -94,6 +94,7 @@ def job_mtbf(mtbf_node: float, nodes: int) -> float:
     return check_positive("mtbf_node", mtbf_node) / check_count("nodes", nodes, 1)
 
 
+# -- cell 10
 def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generator) -> np.ndarray:
     """Measured: `samples` fresh jobs on `nodes` nodes; each job's first crash (seconds) is
     the earliest of its nodes' sampled lifetimes. Shape (samples,)."""
@@ -102,7 +103,7 @@ def first_failure_times(model, nodes: int, samples: int, rng: np.random.Generato
     return model.lifetimes(rng, (samples, nodes)).min(axis=1)
 
 
-# -- cell 12
+# -- cell 14
 def renewal_failure_times(model, streams: int, horizon: float,
                           rng: np.random.Generator) -> np.ndarray:
     """Crash times (seconds) of `streams` independent nodes (or jobs) over [0, horizon).
@@ -126,6 +127,7 @@ def renewal_failure_times(model, streams: int, horizon: float,
     return times[:, :width + 1]
 
 
+# -- cell 15
 class FailureSchedule:
     """When each rank crashes: a sorted list of (time in s, rank) pairs within [0, horizon).
 
@@ -182,6 +184,7 @@ class FailureSchedule:
         return int(rank)
 
 
+# -- cell 16
 def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.random.Generator,
                      weibull_shape: float = 1.0) -> FailureSchedule:
     """A seeded schedule of fail-stop crashes of `ranks` nodes over [0, horizon) seconds.
@@ -203,7 +206,7 @@ def failure_schedule(ranks: int, mtbf_node: float, horizon: float, rng: np.rando
     return FailureSchedule(pairs, ranks, horizon)
 
 
-# -- cell 15
+# -- cell 19
 @dataclass(frozen=True)
 class Stragglers:
     """Slow ranks: each rank runs at a persistent speed drawn once (log-normal slowdown
@@ -247,7 +250,7 @@ def synchronous_steps(comm, step_times: np.ndarray):
     return ends
 
 
-# -- cell 19
+# -- cell 23
 def young_interval(checkpoint_cost: float, mtbf: float) -> float:
     """Young (1974): the checkpoint interval (s of work between checkpoints) that minimizes
     the expected waste to first order, τ = √(2δM), for checkpoint cost δ and MTBF M (s)."""
@@ -296,7 +299,7 @@ def waste_fraction(work: float, wall_time):
     return 1 - work / np.asarray(wall_time, dtype=float)
 
 
-# -- cell 23
+# -- cell 27
 def check_job(work, interval, snapshot_cost, write_time, restart_cost) -> tuple:
     return (check_positive("work", work), check_positive("interval", interval),
             check_nonnegative("checkpoint_cost", snapshot_cost),
@@ -310,23 +313,32 @@ def background_write(comm, seconds: float):
     return (yield comm.now())
 
 
+def restart(comm, schedule, crash: float, restart_cost: float, spent: dict):
+    """Rank program body: restart after the crash at time `crash`, taking `restart_cost` s
+    (added to spent["restart"]); a crash during the restart starts it again. Returns (the
+    time of the last crash, how many crashes struck during the restart)."""
+    again = 0
+    while True:
+        crash_next = schedule.next_failure(comm.rank, after=crash)
+        if crash + restart_cost <= crash_next:
+            yield comm.compute(restart_cost)
+            spent["restart"] += restart_cost
+            return crash, again
+        yield comm.compute(crash_next - crash)
+        spent["restart"] += crash_next - crash
+        crash, again = crash_next, again + 1
+
+
+# -- cell 28
 def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                      restart_cost: float, schedule: FailureSchedule, write_time: float = 0.0):
-    """Rank program: `work` seconds of training, checkpointed every `interval` seconds of
-    work, crashing when `schedule` says this rank fails.
-
-    A checkpoint blocks training for `checkpoint_cost` s (synchronous: the whole write;
-    asynchronous: the snapshot to host memory). With `write_time` > 0 the write to storage
-    then runs for `write_time` s as a second activity while training goes on; the checkpoint
-    is durable only once it is written, and a new snapshot waits for the previous write
-    (one write in flight). No checkpoint after the last piece of work: the job is done.
-    A crash loses everything since the last durable checkpoint and costs `restart_cost` s
-    to restart (a crash during the restart starts it again).
-    Returns a dict: seconds of `wall` time, of finished `work` pieces (redone ones count
-    again), blocked in `checkpoint`, `lost` in interrupted pieces, in `restart`, and
-    `rolled_back` (finished work undone by a crash); and the counts of `checkpoints` and
-    `failures`. The wall time is taken before joining writes still running at the end.
-    """
+    """Rank program: `work` s of training, checkpointed every `interval` s of work (not after
+    the last piece), crashing when `schedule` says. A checkpoint blocks for `checkpoint_cost`
+    s; with `write_time` > 0 the write to storage runs beside training as an activity, one in
+    flight, durable once written. A crash loses all since the last durable checkpoint, then a
+    restart (`restart`). Returns seconds of `wall` (before joining writes still running),
+    `work` (redone pieces again), `checkpoint` (blocked), `lost`, `restart`, `rolled_back`,
+    and the counts `checkpoints`, `failures`."""
     work, interval, checkpoint_cost, write_time, restart_cost = check_job(
         work, interval, checkpoint_cost, write_time, restart_cost)
     spent = {"work": 0.0, "checkpoint": 0.0, "lost": 0.0, "restart": 0.0, "rolled_back": 0.0}
@@ -339,9 +351,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
     while progress < work:
         piece = min(interval, work - progress)
         last = piece == work - progress
-        wait = 0.0
-        if pending is not None and not last:
-            wait = max(0.0, pending[2] - (now + piece))
+        wait = max(0.0, pending[2] - (now + piece)) if pending is not None and not last else 0.0
         end = now + piece + (0.0 if last else wait + checkpoint_cost)
         crash_next = schedule.next_failure(comm.rank, after=crash)
         if end <= crash_next:
@@ -353,8 +363,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
                 if pending is not None:
                     yield comm.join(pending[0])   # the previous write must finish first
                     durable = pending[1]
-                if checkpoint_cost > 0:
-                    yield comm.compute(checkpoint_cost)
+                yield comm.compute(checkpoint_cost)
                 if write_time > 0:
                     activity = yield comm.spawn(background_write(comm, write_time))
                     writes.append(activity)
@@ -372,16 +381,9 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
         if pending is not None and pending[0].done:
             durable = pending[1]                   # that write had finished before the crash
         spent["rolled_back"] += progress - durable     # finished work that must be redone
-        pending, progress, crash, failures = None, durable, crash_next, failures + 1
-        while True:                                 # restart; a crash restarts the restart
-            crash_next = schedule.next_failure(comm.rank, after=crash)
-            if crash + restart_cost <= crash_next:
-                yield comm.compute(restart_cost)
-                spent["restart"] += restart_cost
-                break
-            yield comm.compute(crash_next - crash)
-            spent["restart"] += crash_next - crash
-            crash, failures = crash_next, failures + 1
+        pending, progress, failures = None, durable, failures + 1
+        crash, again = yield from restart(comm, schedule, crash_next, restart_cost, spent)
+        failures += again
         now = yield comm.now()
     wall = now
     for activity in writes:                       # a rank joins its activities before returning
@@ -389,94 +391,13 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
     return dict(spent, wall=wall, checkpoints=checkpoints, failures=failures)
 
 
-# -- cell 24
-def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
-                               restart_cost: float, failure_times: np.ndarray, horizon: float,
-                               write_time: float = 0.0) -> dict:
-    """The same job as `checkpointed_job`, for many runs at once with NumPy (row r of
-    `failure_times`, shape (runs, K) sorted and +inf padded as `renewal_failure_times`
-    makes, holds run r's crash times in seconds). `interval` is a number or one per run.
-
-    Each loop iteration moves every unfinished run by one step of the same state machine:
-    a piece of work plus its checkpoint, or a crash, or a restart. Returns a dict of
-    arrays of shape (runs,): wall, lost, restart, checkpoint (s blocked), failures,
-    checkpoints. Raises if a run outlives `horizon`, beyond which no crash was drawn.
-    """
-    failure_times = np.asarray(failure_times, dtype=float)
-    if failure_times.ndim != 2 or failure_times.shape[1] == 0:
-        raise ValueError(f"failure_times must have shape (runs, K ≥ 1), got {failure_times.shape}")
-    runs = failure_times.shape[0]
-    interval = np.broadcast_to(np.asarray(interval, dtype=float), (runs,)).copy()
-    if not (np.all(interval > 0) and np.all(np.isfinite(interval))):
-        raise ValueError(f"interval must be finite and > 0 (s), got {interval[~(interval > 0)][:1]}")
-    work, _, checkpoint_cost, write_time, restart_cost = check_job(
-        work, 1.0, checkpoint_cost, write_time, restart_cost)
-    horizon = check_positive("horizon", horizon)
-    rows = np.arange(runs)
-    t = np.zeros(runs)
-    progress, durable = np.zeros(runs), np.zeros(runs)
-    pending_progress, pending_done = np.zeros(runs), np.zeros(runs)
-    has_pending = np.zeros(runs, bool)
-    restarting, finished = np.zeros(runs, bool), np.zeros(runs, bool)
-    pointer = np.zeros(runs, int)
-    lost, restart, blocked = np.zeros(runs), np.zeros(runs), np.zeros(runs)
-    failures, checkpoints = np.zeros(runs, int), np.zeros(runs, int)
-    last_column = failure_times.shape[1] - 1
-    while not finished.all():
-        crash = failure_times[rows, np.minimum(pointer, last_column)]
-        # Runs restarting after a crash: finish the restart, or crash again during it.
-        in_restart = restarting & ~finished
-        ok = in_restart & (t + restart_cost <= crash)
-        again = in_restart & ~ok
-        restart += np.where(ok, restart_cost, 0.0) + np.where(again, crash - t, 0.0)
-        t = np.where(ok, t + restart_cost, np.where(again, crash, t))
-        pointer += again
-        failures += again
-        restarting &= ~ok
-        # Runs training: a piece of work and its checkpoint, unless a crash comes first.
-        training = ~restarting & ~finished & ~in_restart
-        piece = np.minimum(interval, work - progress)
-        last = piece == work - progress
-        waits = has_pending & ~last
-        wait = np.where(waits, np.maximum(0.0, pending_done - (t + piece)), 0.0)
-        end = t + piece + np.where(last, 0.0, wait + checkpoint_cost)
-        ok = training & (end <= crash)
-        crashed = training & ~ok
-        # ... the piece went through: mirror the rank program's clock step by step.
-        after_piece = t + piece
-        after_wait = np.where(waits, np.maximum(after_piece, pending_done), after_piece)
-        after_checkpoint = after_wait + checkpoint_cost
-        saves = ok & ~last
-        durable = np.where(saves & has_pending, pending_progress, durable)
-        if write_time > 0:
-            pending_progress = np.where(saves, progress + piece, pending_progress)
-            pending_done = np.where(saves, after_checkpoint + write_time, pending_done)
-            has_pending = has_pending | saves
-        else:
-            durable = np.where(saves, progress + piece, durable)
-        blocked += np.where(saves, after_checkpoint - after_piece, 0.0)
-        checkpoints += saves
-        progress = np.where(ok, progress + piece, progress)
-        t = np.where(saves, after_checkpoint, np.where(ok, after_piece, t))
-        finished |= ok & last
-        # ... or it crashed: keep what is on storage, then restart.
-        lost += np.where(crashed, crash - t, 0.0)
-        written = crashed & has_pending & (pending_done <= crash)
-        durable = np.where(written, pending_progress, durable)
-        progress = np.where(crashed, durable, progress)
-        has_pending &= ~crashed
-        t = np.where(crashed, crash, t)
-        pointer += crashed
-        failures += crashed
-        restarting |= crashed
-    if t.max(initial=0.0) > horizon:
-        raise ValueError(f"a run lasted {t.max():.6g} s, beyond the horizon {horizon:.6g} s "
-                         f"of its failure times; draw them over a longer horizon")
-    return {"wall": t, "lost": lost, "restart": restart, "checkpoint": blocked,
-            "failures": failures, "checkpoints": checkpoints}
+# -- cell 29
+# The same state machine for many runs at once, with NumPy: a speed path in plumbing
+# (dsml/fault_batch.py), held equal to checkpointed_job run by run in the check below.
+from dsml.fault_batch import simulate_checkpointed_jobs
 
 
-# -- cell 42
+# -- cell 47
 LLAMA3_INTERRUPTIONS = {
     "days": 54, "gpus": 16384, "total": 466, "planned": 47, "unexpected": 419,
     "hardware_share_of_unexpected": 0.78,

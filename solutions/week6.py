@@ -89,3 +89,29 @@ def compression_pays(nbytes, p, alpha, beta, ratio, throughput):
     plain = cost("allreduce", "ring", p, nbytes, alpha, beta)
     compressed = cost("allreduce", "ring", p, nbytes / ratio, alpha, beta) + nbytes / throughput
     return bool(compressed < plain)
+
+
+def reshard_plan(n, old_world, new_world, new_rank):
+    """Exercise 6.9: cut [0, n) for both world sizes as np.array_split does; the new rank reads,
+    from each old shard that overlaps its range, the overlap as offsets inside that shard."""
+    def bounds(p, rank):
+        base, extra = divmod(n, p)
+        start = rank * base + min(rank, extra)
+        return start, start + base + (1 if rank < extra else 0)
+    start, stop = bounds(new_world, new_rank)
+    plan = []
+    for old in range(old_world):
+        low, high = bounds(old_world, old)
+        if max(low, start) < min(high, stop):
+            plan.append((old, max(low, start) - low, min(high, stop) - low))
+    return plan
+
+
+def choose_timeout(period, stall_probability, stall_mean, beats, target):
+    """Exercise 6.10: each of the B gaps may exceed T with probability p = 1 − (1 − target)^(1/B);
+    a gap exceeds T when a stall (probability q) exceeds T − h: q·e^{−(T − h)/m} = p. Never
+    below the period."""
+    if not 0 < target < 1:
+        raise ValueError(f"target must be a rate strictly between 0 and 1, got {target}")
+    allowed = 1 - (1 - target) ** (1 / beats)
+    return max(period, period + stall_mean * math.log(stall_probability / allowed))

@@ -9,6 +9,7 @@ import pytest
 from dsml.capstone import (CATEGORIES, capstone_report, capstone_train, checkpoint_steps,
                            make_compressor, time_to_target)
 from dsml.comm.run import run
+from dsml.compression import Dense
 from dsml.elastic import TrainingLost, elastic_outcome, elastic_train, replay
 from dsml.fault import FailureSchedule, Stragglers, young_interval
 from dsml.net import AlphaBeta, two_level
@@ -39,7 +40,7 @@ def full_run(world=6, steps=16, **kwargs):
     return capstone(world, steps=steps, network=two_level(3, 2), **settings)
 
 
-def test_ledger_adds_up_to_each_ranks_wall_time_and_goodput_in_range():
+def test_ledger_adds_up_to_each_ranks_wall_time_and_goodputs_in_range():
     result = full_run()
     report = capstone_report(result)
     assert sorted(result.failed) == [0, 2]              # rank 4's failure comes after the end
@@ -51,10 +52,14 @@ def test_ledger_adds_up_to_each_ranks_wall_time_and_goodput_in_range():
     # a failed rank's wall time ends where it failed, a finished rank's at the run's end
     assert report["ends"][2] == pytest.approx(result.failed[2].end)
     assert max(report["ends"].values()) == pytest.approx(result.time)
-    assert 0 < report["goodput"] <= 1
+    assert 0 < report["mfu"] < report["effective_training_time"] < 1
     totals = {c: sum(s[c] for s in report["breakdown"].values()) for c in CATEGORIES}
     assert totals["lost"] > 0 and totals["recovery"] > 0 and totals["checkpoint"] > 0
-    assert report["goodput"] == pytest.approx(totals["compute"] / report["job_seconds"])
+    # MFU: the kept samples at nominal speed (1e-4 s each) over the rank-seconds in the job
+    assert report["mfu"] == pytest.approx(16 * 50 * 1e-4 / report["job_seconds"])
+    # ETT: kept steps' compute and communication; the finish agreement is neither
+    kept = totals["compute"] + totals["communication"]
+    assert report["effective_training_time"] < kept / report["job_seconds"]
 
 
 def test_samples_are_accounted_as_elastic_accounts_them():
@@ -128,7 +133,39 @@ def test_same_seed_gives_the_same_run():
     assert list(first.trace.records) == list(second.trace.records)
     a, b = capstone_report(first), capstone_report(second)
     assert a["breakdown"] == b["breakdown"] and a["curve"] == b["curve"]
-    assert a["goodput"] == b["goodput"]
+    assert a["effective_training_time"] == b["effective_training_time"]
+    assert a["mfu"] == b["mfu"]
+
+
+def test_effective_training_time_ignores_stragglers_mfu_does_not():
+    """A slow step is still a kept step: ETT stays near 1 without failures, whatever the
+    stragglers, while MFU falls; failures lower ETT."""
+    world, steps = 4, 12
+    slow = np.ones((steps, world))
+    slow[:, 1] = 3.0                                   # rank 1 three times slower every step
+    even = capstone_report(capstone(world, steps=steps, compressor="dense",
+                                    checkpoint_every=steps + 1))
+    lagging = capstone_report(capstone(world, steps=steps, compressor="dense",
+                                       checkpoint_every=steps + 1, compute_factors=slow))
+    assert even["effective_training_time"] > 0.97
+    assert lagging["effective_training_time"] == pytest.approx(even["effective_training_time"],
+                                                               abs=0.02)
+    assert lagging["mfu"] < 0.6 * even["mfu"]
+    failing = capstone_report(capstone(world, steps=steps, compressor="dense", checkpoint_every=4,
+                                       failures=FailureSchedule([(0.006, 2)], world, 1.0)))
+    assert failing["effective_training_time"] < even["effective_training_time"] - 0.05
+
+
+def test_dense_sends_fp32_over_the_ring():
+    """The "dense" baseline rounds the gradient to fp32 for the wire: its result agrees with
+    the exact float64 run ("none") to fp32 precision, and is not identical to it."""
+    exact = capstone(3, steps=4, compressor="none")
+    single = capstone(3, steps=4, compressor="dense")
+    assert isinstance(make_compressor("dense", 0, [(3,)]), Dense)
+    a, b = capstone_report(exact), capstone_report(single)
+    for name, value in a["params"].items():
+        np.testing.assert_allclose(b["params"][name], value, rtol=1e-4, atol=1e-6)
+        assert not np.array_equal(b["params"][name], value)
 
 
 def test_every_rank_failing_is_reported():

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -414,14 +415,123 @@ def test_a_pickled_object_is_refused_even_with_a_matching_checksum(tmp_path):
         read_checkpoint(path)
 
 
-def test_another_format_version_is_refused_without_fallback(tmp_path):
+@pytest.mark.parametrize("field,value", [("format_version", 99), ("format", "other-format")])
+def test_another_format_or_version_falls_back_with_a_message(field, value, tmp_path):
+    """A newest checkpoint whose format fields are damaged (or of another version) is skipped
+    like a corrupt one: the run resumes from the one before and says why."""
     run("adam", tmp_path)
     manager = CheckpointManager(tmp_path)
     manifest = json.loads((manager.path_of(18) / MANIFEST_FILE).read_text())
-    manifest["format_version"] = 99
+    manifest[field] = value
     (manager.path_of(18) / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(IncompatibleCheckpoint, match="version 99; this code reads"):
-        manager.latest()
+    with pytest.raises(IncompatibleCheckpoint, match="; this code reads"):
+        read_checkpoint(manager.path_of(18))
+    with pytest.warns(CheckpointWarning, match=f"skipped step_00000018: .*{value}.*resuming "
+                                               f"from step_00000015 instead"):
+        state, notes = manager.latest()
+    assert state.step == 15 and len(notes) == 1
+
+
+MALFORMED = {
+    "an array entry that is a number": lambda m: m["arrays"].update(losses=5),
+    "an array shape that is a string": lambda m: m["arrays"].update(losses={"shape": "7",
+                                                                            "dtype": "<f8"}),
+    "an array entry without dtype": lambda m: m["arrays"].update(losses={"shape": [7]}),
+    "a step that is a boolean": lambda m: m.update(step=True),
+    "arrays that are a list": lambda m: m.update(arrays=[]),
+}
+
+
+@pytest.mark.parametrize("damage", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_manifest_is_skipped_with_a_message(damage, tmp_path):
+    run("adam", tmp_path)
+    manager = CheckpointManager(tmp_path)
+    manifest = json.loads((manager.path_of(18) / MANIFEST_FILE).read_text())
+    damage(manifest)
+    (manager.path_of(18) / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpoint, match="step_00000018: manifest.json"):
+        read_checkpoint(manager.path_of(18))
+    with pytest.warns(CheckpointWarning, match="skipped step_00000018"):
+        state, notes = manager.latest()
+    assert state.step == 15 and len(notes) == 1
+
+
+# ---------------------------------------------------------------- re-saving a step
+
+def test_a_failed_re_save_of_a_step_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """Re-saving a step writes the new checkpoint aside and swaps it in: a write that fails
+    half way leaves the old checkpoint of that step whole."""
+    manager = CheckpointManager(tmp_path)
+    path = manager.save(5, *fresh())
+    before = {name: (path / name).read_bytes() for name in (DATA_FILE, MANIFEST_FILE)}
+
+    def full_disk(source, target):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint.os, "replace", full_disk)
+    model, optimizer, rng, data = fresh("momentum")
+    with pytest.raises(OSError, match="step_00000005 .*No space left on device"):
+        manager.save(5, model, optimizer, rng, data)
+    monkeypatch.undo()
+    assert {name: (path / name).read_bytes() for name in before} == before
+    assert manager.latest()[0].step == 5 and no_temporary_files(tmp_path)
+
+
+def test_a_re_save_replaces_the_step_with_the_new_state(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(5, *fresh("adam"))
+    manager.save(5, *fresh("momentum"))
+    assert manager.latest()[0].meta["optimizer"]["class"] == "SGD"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
+
+
+KILLED_SAVE = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import dsml.checkpoint as checkpoint
+from test_checkpoint import fresh
+manager = checkpoint.CheckpointManager({directory!r})
+real, calls = getattr(checkpoint.os, {call!r}), []
+def die_on(*args):
+    calls.append(args)
+    if len(calls) == {when}:
+        os._exit(9)                          # a kill: no clean-up, no finally
+    return real(*args)
+setattr(checkpoint.os, {call!r}, die_on)
+manager.save(5, *fresh("momentum"))
+"""
+
+
+@pytest.mark.parametrize("call,when", [("replace", 1), ("replace", 2), ("rename", 1),
+                                       ("rename", 2)],
+                         ids=["in the data file", "at the manifest", "moving the old aside",
+                              "between the two renames"])
+def test_a_kill_during_a_re_save_never_loses_the_step(call, when, tmp_path):
+    import subprocess
+    import sys
+    manager = CheckpointManager(tmp_path)
+    manager.save(5, *fresh("adam"))
+    script = KILLED_SAVE.format(tests=str(Path(__file__).parent), directory=str(tmp_path),
+                                call=call, when=when)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert finished.returncode == 9, finished.stderr.decode()[-2000:]
+    assert any(p.name.startswith(".") for p in tmp_path.iterdir())    # the kill left debris
+    state, notes = manager.latest()
+    assert state.step == 5 and notes == []
+    assert state.meta["optimizer"]["class"] == "Adam"                 # the old one, whole
+    manager.save(6, *fresh())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005", "step_00000006"]
+
+
+def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, *fresh())
+    staging = tmp_path / ".step_00000002.x1y2.tmp"
+    staging.mkdir()
+    (staging / ".state.npz.abc.tmp").write_bytes(b"\0" * 10_000)    # a full-size half write
+    (tmp_path / ".step_00000001.123.old").mkdir()                    # an older copy of step 1
+    manager.save(3, *fresh())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000003"]
 
 
 # ---------------------------------------------------------------- rotation
@@ -443,6 +553,18 @@ def test_rotation_removes_older_unfinished_writes_and_keeps_newer_ones(tmp_path)
     for step in (2, 3, 4):
         manager.save(step, *fresh())
     assert [step for step, _ in manager.checkpoints()] == [3, 4, 99]
+
+
+def test_keep_last_counts_only_checkpoints_that_verify(tmp_path):
+    """With keep_last=2, a damaged step 6 does not count: saving step 5 keeps step 4."""
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (4, 6):
+        manager.save(step, *fresh())
+    flip_a_byte(manager.path_of(6))
+    manager.save(5, *fresh())
+    assert [step for step, _ in manager.checkpoints()] == [4, 5, 6]
+    manager.save(7, *fresh())
+    assert [step for step, _ in manager.checkpoints()] == [5, 6, 7]
 
 
 @pytest.mark.parametrize("keep_last", [0, -1, 1.5, True, "3", None])
@@ -631,3 +753,91 @@ def test_save_refuses_a_negative_step(tmp_path):
     with pytest.raises(ValueError, match="step must be an integer ≥ 0, got -3"):
         CheckpointManager(tmp_path).save(-3, *fresh())
 
+
+
+# ---------------------------------------------------------------- sharded checkpoints
+
+from dsml.checkpoint import load_resharded, save_sharded          # noqa: E402
+from dsml.checkpoint_format import shard_file                       # noqa: E402
+from dsml.comm.run import run as run_ranks                          # noqa: E402
+from dsml.data_parallel import shard_bounds                         # noqa: E402
+from dsml.net import AlphaBeta                                      # noqa: E402
+
+
+def flat_state(n, seed=SEED):
+    rng = np.random.default_rng(seed)
+    return {"params": rng.normal(size=n), "adam/m": rng.normal(size=n).astype(np.float32),
+            "adam/v": rng.random(n), "steps": np.arange(n, dtype=np.int64)}
+
+
+def save_flat(directory, whole, world_size, step=7):
+    def program(comm):
+        mine = {name: vector[slice(*shard_bounds(vector.size, comm.size, comm.rank))].copy()
+                for name, vector in whole.items()}
+        return (yield from save_sharded(comm, directory, step, mine))
+    run_ranks(program, world_size, network=AlphaBeta(alpha=5e-6, beta=1e-9))
+
+
+@pytest.mark.parametrize("n,saved,loaded", [(1000, 8, 6), (1000, 6, 8), (37, 8, 1), (5, 8, 11),
+                                            (103, 3, 3), (1, 4, 2)])
+def test_a_sharded_checkpoint_reloads_onto_another_world_size_bit_for_bit(n, saved, loaded,
+                                                                         tmp_path):
+    whole = flat_state(n)
+    save_flat(tmp_path, whole, saved)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted([MANIFEST_FILE] + [shard_file(r, saved) for r in range(saved)])
+    pieces = [load_resharded(tmp_path, rank, loaded) for rank in range(loaded)]
+    for name, vector in whole.items():
+        for rank, piece in enumerate(pieces):
+            start, stop = shard_bounds(n, loaded, rank)
+            assert piece[name].dtype == vector.dtype
+            assert piece[name].tobytes() == vector[start:stop].tobytes()
+
+
+def test_a_damaged_shard_fails_only_the_ranks_that_read_it(tmp_path):
+    whole = flat_state(1000)
+    save_flat(tmp_path, whole, 8)
+    flip = tmp_path / shard_file(3, 8)
+    data = bytearray(flip.read_bytes())
+    data[len(data) // 2] ^= 1
+    flip.write_bytes(bytes(data))
+    failed = []
+    for rank in range(6):
+        try:
+            load_resharded(tmp_path, rank, 6)
+        except CorruptCheckpoint as problem:
+            assert "shard_00003_of_00008.npz (rank 3's shard): checksum mismatch" in str(problem)
+            failed.append(rank)
+    # old shard 3 holds [375, 500); new shards of 6: [0,167) [167,334) [334,501) [501,...)
+    assert failed == [2]
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: (d / MANIFEST_FILE).unlink(), "no manifest.json, so the save never finished"),
+    (lambda d: (d / shard_file(0, 4)).unlink(), "cannot read it"),
+    (lambda d: (d / shard_file(1, 4)).write_bytes((d / shard_file(1, 4)).read_bytes()[:100]),
+     "truncated"),
+    (lambda d: (d / MANIFEST_FILE).write_text("{"), "unreadable manifest.json"),
+])
+def test_a_sharded_checkpoint_with_a_missing_or_damaged_part_is_refused(damage, message,
+                                                                       tmp_path):
+    save_flat(tmp_path, flat_state(100), 4)
+    damage(tmp_path)
+    with pytest.raises(CorruptCheckpoint, match=message):
+        for rank in range(3):
+            load_resharded(tmp_path, rank, 3)
+
+
+def test_a_sharded_manifest_whose_shards_do_not_tile_is_refused(tmp_path):
+    save_flat(tmp_path, flat_state(100), 4)
+    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    manifest["shards"][2]["offsets"]["params"][0] += 1
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpoint, match="not starting where shard 1 ends"):
+        load_resharded(tmp_path, 0, 2)
+
+
+@pytest.mark.parametrize("rank,world_size", [(0, 0), (3, 3), (-1, 2), (0, 1.5)])
+def test_load_resharded_bad_input(rank, world_size, tmp_path):
+    with pytest.raises(ValueError, match="need 0 ≤ rank < world_size"):
+        load_resharded(tmp_path, rank, world_size)

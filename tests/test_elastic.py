@@ -389,3 +389,52 @@ def test_replay_is_the_serial_reference():
     model = copy.deepcopy(MODEL)
     replay(model, Adam(0.05), X, Y, outcome["history"], seed=SEED)
     assert_close(outcome["params"], model.params)
+
+
+# --- failure detectors that can be wrong ----------------------------------------------------------
+
+from dsml.elastic import heartbeat_monitor, heartbeat_worker   # noqa: E402
+
+
+def detector_run(timeout, stalls, crashes=None, period=0.01, check_every=0.001):
+    crashes = crashes or {}
+
+    def program(comm):
+        if comm.rank == 0:
+            return (yield from heartbeat_monitor(comm, list(range(1, comm.size)), timeout,
+                                                 check_every))
+        return (yield from heartbeat_worker(comm, 0, period, stalls[comm.rank - 1],
+                                            crashes.get(comm.rank)))
+    return run(program, len(stalls) + 1, network=AlphaBeta(5e-6, 1e-9), failures="notify")
+
+
+def test_without_stalls_or_failures_nobody_is_suspected():
+    result = detector_run(0.015, np.zeros((4, 20)))
+    monitor = result.values[0]
+    assert monitor["suspected"] == {} and monitor["fenced"] == [] and monitor["epoch"] == 0
+    assert monitor["finished"] == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("timeout", [0.015, 0.04, 0.1])
+def test_a_failure_is_detected_by_the_timeout_not_by_the_engine(timeout):
+    """The engine tells the listener at once (PeerFailed); the suspicion still waits for the
+    timeout: detection takes between T and T + one check + the last heartbeat's flight."""
+    result = detector_run(timeout, np.zeros((3, 30)), crashes={2: 10})
+    monitor = result.values[0]
+    delay = monitor["suspected"][2] - result.failed[2].time
+    assert timeout < delay <= timeout + 0.001 + 1e-4
+    assert set(monitor["suspected"]) == {2} and monitor["epoch"] == 1
+
+
+def test_a_stalled_worker_is_falsely_suspected_and_then_fenced():
+    stalls = np.zeros((3, 20))
+    stalls[0, 5] = 0.05                      # worker 1 stalls 50 ms before heartbeat 5
+    result = detector_run(0.03, stalls)
+    monitor = result.values[0]
+    assert set(monitor["suspected"]) == {1} and not result.failed
+    # everything worker 1 sent after its suspicion — 15 beats and its bye — was refused
+    assert [rank for _, rank in monitor["fenced"]] == [1] * 16
+    assert all(time > monitor["suspected"][1] for time, _ in monitor["fenced"])
+    assert monitor["finished"] == {2, 3}     # a fenced bye does not count as a member's
+    # a timeout longer than the stall suspects nobody
+    assert detector_run(0.07, stalls).values[0]["suspected"] == {}

@@ -17,7 +17,7 @@ from dsml.exercises.week6 import job_cases, job_wall_time_reference
 
 solution = contract.solution_module(6)
 NOTEBOOK = contract.ROOT / "notebooks" / "week6_fault_tolerance_and_scaling.ipynb"
-COUNT = 8
+COUNT = 10
 
 
 # --- 6.1 ------------------------------------------------------------------------------------------
@@ -40,6 +40,26 @@ def young_inverted(checkpoint_cost, mtbf):
     return math.sqrt(2 * checkpoint_cost / mtbf)
 
 
+def young_loose_search(checkpoint_cost, mtbf):
+    """A numerical minimiser stopped too early: 1e-4 off."""
+    return math.sqrt(2 * checkpoint_cost * mtbf) * (1 + 1e-4)
+
+
+def young_golden_section(checkpoint_cost, mtbf):
+    """Another right answer: minimise the waste δ/τ + τ/(2M) numerically (golden section)."""
+    def waste(tau):
+        return checkpoint_cost / tau + tau / (2 * mtbf)
+    low, high = 1e-9, 1e9 * (checkpoint_cost + mtbf)
+    ratio = (math.sqrt(5) - 1) / 2
+    while high - low > 1e-12 * high:
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        if waste(a) < waste(b):
+            high = b
+        else:
+            low = a
+    return (low + high) / 2
+
+
 # --- 6.3 ------------------------------------------------------------------------------------------
 
 def job_without_restart(work, interval, checkpoint_cost, restart_cost, failures):
@@ -59,6 +79,41 @@ def job_lost_from_the_start(work, interval, checkpoint_cost, restart_cost, failu
     while failures and failures[0] < now + total:
         now = failures.pop(0) + restart_cost
     return now + total
+
+
+def job_checkpoint_saved_early(work, interval, checkpoint_cost, restart_cost, failures):
+    """Counts a segment as saved once it is computed, before its checkpoint is written."""
+    now, saved, failures = 0.0, 0.0, list(failures)
+    while saved < work:
+        segment = min(interval, work - saved)
+        end = now + segment + (0.0 if saved + segment >= work else checkpoint_cost)
+        if failures and failures[0] < now + segment:
+            now = failures.pop(0) + restart_cost
+            while failures and failures[0] < now:
+                now = failures.pop(0) + restart_cost
+            continue
+        if failures and failures[0] < end:              # crashed in the checkpoint: kept anyway
+            now, saved = failures.pop(0) + restart_cost, saved + segment
+            while failures and failures[0] < now:
+                now = failures.pop(0) + restart_cost
+            continue
+        now, saved = end, saved + segment
+    return now
+
+
+def job_restart_cannot_fail(work, interval, checkpoint_cost, restart_cost, failures):
+    """Drops the crashes that come during a restart."""
+    now, saved, failures = 0.0, 0.0, list(failures)
+    while saved < work:
+        segment = min(interval, work - saved)
+        end = now + segment + (0.0 if saved + segment >= work else checkpoint_cost)
+        if failures and failures[0] < end:
+            now = failures.pop(0) + restart_cost
+            while failures and failures[0] < now:
+                failures.pop(0)
+            continue
+        now, saved = end, saved + segment
+    return now
 
 
 # --- 6.4 ------------------------------------------------------------------------------------------
@@ -91,6 +146,20 @@ def top_k_absolute_values(x, k):
         raise ValueError("k")
     indices = np.argsort(-np.abs(x))[:k]
     return indices, np.abs(x[indices])
+
+
+def top_k_smallest(x, k):
+    if not 1 <= k <= x.size:
+        raise ValueError("k")
+    indices = np.argsort(np.abs(x))[:k]
+    return indices, x[indices]
+
+
+def top_k_values_sorted(x, k):
+    if not 1 <= k <= x.size:
+        raise ValueError("k")
+    indices = np.argsort(-np.abs(x))[:k]
+    return indices, np.sort(x[indices])
 
 
 def top_k_unchecked(x, k):
@@ -129,6 +198,47 @@ def qsgd_always_up(x, levels, rng):
     return norm * np.sign(x) * np.ceil(np.abs(x) / norm * levels) / levels
 
 
+def qsgd_divides_by_zero(x, levels, rng):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        norm = np.linalg.norm(x)
+        scaled = np.abs(x) / norm * levels
+        lower = np.floor(scaled)
+        return norm * np.sign(x) * (lower + (rng.random(x.shape) < scaled - lower)) / levels
+
+
+def qsgd_up_with_the_wrong_probability(x, levels, rng):
+    """Rounds up with probability 1 − fraction instead of the fraction."""
+    norm = np.linalg.norm(x)
+    if norm == 0:
+        return np.zeros_like(x)
+    scaled = np.abs(x) / norm * levels
+    lower = np.floor(scaled)
+    return norm * np.sign(x) * (lower + (rng.random(x.shape) < 1 - (scaled - lower))) / levels
+
+
+def qsgd_entry_by_entry(x, levels, rng):
+    """Another right answer: one draw per entry, in a loop, with rng.uniform."""
+    norm = float(np.linalg.norm(x))
+    out = np.zeros(len(x))
+    for i, value in enumerate(x):
+        if norm == 0:
+            break
+        scaled = abs(value) / norm * levels
+        level = math.floor(scaled) + (1 if rng.uniform() < scaled - math.floor(scaled) else 0)
+        out[i] = math.copysign(norm * level / levels, value)
+    return out
+
+
+def qsgd_binomial(x, levels, rng):
+    """Another right answer: the level as floor plus a Bernoulli draw."""
+    norm = np.linalg.norm(x)
+    if norm == 0:
+        return np.zeros_like(x)
+    scaled = np.abs(x) / norm * levels
+    lower = np.floor(scaled)
+    return norm * np.sign(x) * (lower + rng.binomial(1, scaled - lower)) / levels
+
+
 # --- 6.8 ------------------------------------------------------------------------------------------
 
 def pays_ignoring_compression_time(nbytes, p, alpha, beta, ratio, throughput):
@@ -140,27 +250,116 @@ def pays_always(nbytes, p, alpha, beta, ratio, throughput):
     return True
 
 
+# --- 6.9 ------------------------------------------------------------------------------------------
+
+def reshard_global_offsets(n, old_world, new_world, new_rank):
+    from dsml.exercises.week6 import reshard_reference
+    return reshard_reference(n, old_world, new_world, new_rank, local=False)
+
+
+def reshard_equal_chunks(n, old_world, new_world, new_rank):
+    """Cuts both world sizes in ⌈n/p⌉ chunks, as torch.chunk does."""
+    size_old, size_new = -(-n // old_world), -(-n // new_world)
+    start, stop = min(new_rank * size_new, n), min((new_rank + 1) * size_new, n)
+    plan = []
+    for old in range(old_world):
+        low, high = min(old * size_old, n), min((old + 1) * size_old, n)
+        if max(low, start) < min(high, stop):
+            plan.append((old, max(low, start) - low, min(high, stop) - low))
+    return plan
+
+
+def reshard_keeps_empty_pieces(n, old_world, new_world, new_rank):
+    from dsml.exercises.week6 import reshard_reference
+    return reshard_reference(n, old_world, new_world, new_rank, keep_empty=True)
+
+
+def reshard_with_numpy(n, old_world, new_world, new_rank):
+    """Another right answer: np.array_split of the index range, and set intersections."""
+    old_shards = np.array_split(np.arange(n), old_world)
+    mine = set(np.array_split(np.arange(n), new_world)[new_rank].tolist())
+    plan = []
+    for old, indices in enumerate(old_shards):
+        local = [i for i, index in enumerate(indices.tolist()) if index in mine]
+        if local:
+            plan.append((np.int64(old), np.int64(local[0]), np.int64(local[-1] + 1)))
+    return plan
+
+
+# --- 6.10 -----------------------------------------------------------------------------------------
+
+def timeout_per_heartbeat(period, stall_probability, stall_mean, beats, target):
+    if not 0 < target < 1:
+        raise ValueError("target")
+    return max(period, period + stall_mean * math.log(stall_probability / target))
+
+
+def timeout_without_the_period(period, stall_probability, stall_mean, beats, target):
+    if not 0 < target < 1:
+        raise ValueError("target")
+    allowed = 1 - (1 - target) ** (1 / beats)
+    return max(period, stall_mean * math.log(stall_probability / allowed))
+
+
+def timeout_unchecked(period, stall_probability, stall_mean, beats, target):
+    allowed = 1 - (1 - min(max(target, 1e-12), 1 - 1e-12)) ** (1 / beats)
+    return max(period, period + stall_mean * math.log(stall_probability / allowed))
+
+
+def timeout_by_bisection(period, stall_probability, stall_mean, beats, target):
+    """Another right answer: bisect the false-suspicion chance, which falls as T grows."""
+    if not 0 < target < 1:
+        raise ValueError(f"target must be in (0, 1), got {target}")
+
+    def chance(timeout):
+        late = stall_probability * math.exp(-(timeout - period) / stall_mean)
+        return 1 - (1 - min(1.0, late)) ** beats
+    if chance(period) <= target:
+        return period
+    low, high = period, period + stall_mean * 1000
+    while high - low > 1e-13 * high:
+        middle = (low + high) / 2
+        low, high = (low, middle) if chance(middle) <= target else (middle, high)
+    return high
+
+
 WRONG = {
     "6.1": [mtbf_of_the_job, mtbf_in_days],
-    "6.2": [young_without_two, young_inverted],
-    "6.3": [job_without_restart, job_with_a_final_checkpoint, job_lost_from_the_start],
+    "6.2": [young_without_two, young_inverted, young_loose_search],
+    "6.3": [job_without_restart, job_with_a_final_checkpoint, job_lost_from_the_start,
+            job_checkpoint_saved_early, job_restart_cannot_fail],
     "6.4": [write_in_place, write_without_cleanup],
-    "6.5": [top_k_by_value, top_k_absolute_values, top_k_unchecked],
+    "6.5": [top_k_by_value, top_k_absolute_values, top_k_unchecked, top_k_smallest,
+            top_k_values_sorted],
     "6.6": [feedback_ignored, feedback_residual_forgets],
-    "6.7": [qsgd_nearest, qsgd_max_norm, qsgd_always_up],
+    "6.7": [qsgd_nearest, qsgd_max_norm, qsgd_always_up, qsgd_divides_by_zero,
+            qsgd_up_with_the_wrong_probability],
     "6.8": [pays_ignoring_compression_time, pays_always],
+    "6.9": [reshard_global_offsets, reshard_equal_chunks, reshard_keeps_empty_pieces],
+    "6.10": [timeout_per_heartbeat, timeout_without_the_period, timeout_unchecked],
 }
 
 HINT_WORDS = {
     mtbf_of_the_job: "job's MTBF", mtbf_in_days: "in days",
     young_without_two: "factor 2", young_inverted: "grows with the MTBF",
-    job_without_restart: "restart", job_with_a_final_checkpoint: "last segment",
-    job_lost_from_the_start: "last *completed* checkpoint",
+    young_loose_search: "tolerance",
+    job_without_restart: "restarts left out", job_with_a_final_checkpoint: "last segment",
+    job_lost_from_the_start: "back to its start",
+    job_checkpoint_saved_early: "before its checkpoint completed",
+    job_restart_cannot_fail: "during a restart ignored",
     write_in_place: "temporary file", write_without_cleanup: "left",
-    top_k_by_value: "magnitude", top_k_absolute_values: "signs", top_k_unchecked: "k must be",
+    top_k_by_value: "largest *values*", top_k_absolute_values: "signs",
+    top_k_unchecked: "k must be", top_k_smallest: "*smallest* magnitudes",
+    top_k_values_sorted: "another order",
     feedback_ignored: "ignores the residual", feedback_residual_forgets: "drops the old one",
-    qsgd_nearest: "deterministic", qsgd_max_norm: "grid", qsgd_always_up: "unbiased",
+    qsgd_nearest: "deterministic", qsgd_max_norm: "2-norm", qsgd_always_up: "deterministic",
+    qsgd_divides_by_zero: "nothing to divide by",
+    qsgd_up_with_the_wrong_probability: "probability of rounding up",
     pays_ignoring_compression_time: "not free", pays_always: "to compress",
+    reshard_global_offsets: "*inside*", reshard_equal_chunks: "torch.chunk",
+    reshard_keeps_empty_pieces: "empty pieces",
+    timeout_per_heartbeat: "one heartbeat", timeout_without_the_period: "period left out",
+    timeout_unchecked: "strictly between 0 and 1",
 }
 
 
@@ -169,10 +368,43 @@ def job_by_events(work, interval, checkpoint_cost, restart_cost, failures):
     return job_wall_time_reference(work, interval, checkpoint_cost, restart_cost, failures)
 
 
-RIGHT = {"6.3": [job_by_events]}
+RIGHT = {"6.2": [young_golden_section], "6.3": [job_by_events],
+         "6.7": [qsgd_entry_by_entry, qsgd_binomial], "6.9": [reshard_with_numpy],
+         "6.10": [timeout_by_bisection]}
 
 globals().update(contract.contract_tests(6, COUNT, solution, WRONG, not_attempted_id="6.2",
                                          right=RIGHT, hint_words=HINT_WORDS))
+
+
+def test_young_hint_never_shows_two_equal_numbers():
+    from dsml.exercises import grade
+    result = grade("6.2", lambda d, m: math.sqrt(2 * d * m) * (1 + 3e-7))
+    assert not result.passed
+    shown = [part.split(" s")[0] for part in result.message.split("returned ")[1].split(
+        ", expected ")]
+    assert shown[0] != shown[1], result.message
+
+
+def test_qsgd_cases_avoid_nearly_whole_levels():
+    from dsml.exercises.week6 import QSGD_MARGIN, qsgd_moments, qsgd_vector
+    rng = np.random.default_rng(6007)
+    for n, levels in ((6, 1), (10, 4), (50, 16)):
+        x = qsgd_vector(n, levels, rng)
+        variance, _ = qsgd_moments(x, levels)
+        unit = np.linalg.norm(x) / levels
+        assert np.all(variance >= QSGD_MARGIN * (1 - QSGD_MARGIN) * unit**2)
+
+
+@pytest.mark.parametrize("seed_offset", [1, 2, 3])
+def test_qsgd_checker_accepts_a_right_answer_under_other_seeds(seed_offset):
+    """The checker hands out seeds 0 … draws − 1; a right answer that shifts them (another
+    stream of draws entirely) must pass too."""
+    from dsml.exercises import grade
+
+    def shifted(x, levels, rng):
+        seed = int(rng.integers(2**31)) + seed_offset
+        return solution.qsgd_quantize(x, levels, np.random.default_rng(seed))
+    assert grade("6.7", shifted).passed
 
 
 # --- the references themselves -------------------------------------------------------------------
@@ -222,7 +454,8 @@ def test_exercise_cells_with_solutions_print_correct():
 
 def test_no_stub_shadows_a_name_the_notebook_body_defines():
     contract.assert_no_stub_shadows_the_body(
-        6, NOTEBOOK, {"young_interval", "qsgd", "write_atomically", "elastic_train", "TopK"})
+        6, NOTEBOOK, {"young_interval", "qsgd", "write_atomically", "elastic_train", "TopK",
+            "load_resharded"})
 
 
 def test_examples_in_the_statements_hold():
@@ -239,3 +472,5 @@ def test_examples_in_the_statements_hold():
     assert sent.tolist() == [1, 2, 0, 0] and residual.tolist() == [0, 0, 4, 5]
     plain = cost("allreduce", "ring", 8, 100e6, 5e-6, 0.8e-9)
     assert round(plain * 1e3) == 140 and solution.compression_pays(100e6, 8, 5e-6, 0.8e-9, 32, 2e9)
+    assert solution.reshard_plan(10, 4, 3, 1) == [(1, 1, 3), (2, 0, 1)]
+    assert math.isclose(solution.choose_timeout(0.01, 1.0, 0.02, 1, math.exp(-2)), 0.05)

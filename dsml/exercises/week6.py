@@ -7,7 +7,8 @@ modules: the per-GPU MTBF and Young's interval are formulas; the wall time of a 
 checkpoints is replayed failure by failure from explicit failure times; an atomic write is
 attacked by a data source that fails half way and must leave the old file whole and no temporary
 file behind; top-k, error feedback and QSGD are held against NumPy (QSGD statistically: a seeded
-mean over many draws within a bound that the number of draws sets, and values on its grid); and
+mean over many draws within a tolerance set by their number and QSGD's known per-entry variance
+p(1 − p)(‖x‖/s)², on vectors with no entry near a whole level, and values on its grid); and
 whether compression pays is week 2's ring all-reduce cost against the compressed one plus the
 time to compress.
 
@@ -64,6 +65,20 @@ def check_gpu_mtbf_hours(gpu_mtbf_hours):
 
 YOUNG_CASES = [(60.0, 3600.0 * 24), (10.0, 3600.0), (300.0, 2.5 * 3600), (1.0, 1.0), (0.5, 1e6)]
 
+# The waste δ/τ + τ/(2M) is flat at its minimum: a numerical minimiser finds τ only to about the
+# square root of the float64 precision (~1.5e-8), so that is the tolerance a right answer meets.
+YOUNG_RTOL = 1e-7
+
+
+def _distinct(got: float, expected: float) -> tuple[str, str]:
+    """`got` and `expected` printed with just enough significant digits to tell them apart (a
+    hint never says "returned 3219.94 s, expected 3219.94 s")."""
+    for digits in range(6, 18):
+        shown = (f"{got:.{digits}g}", f"{expected:.{digits}g}")
+        if shown[0] != shown[1]:
+            return shown
+    return shown
+
 
 @checker("6.2", "Young's checkpoint interval")
 def check_young_checkpoint_interval(young_checkpoint_interval):
@@ -71,20 +86,24 @@ def check_young_checkpoint_interval(young_checkpoint_interval):
         expected = math.sqrt(2 * delta * mtbf)
         call = f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g})"
         got = as_float(young_checkpoint_interval(delta, mtbf), call)
-        if math.isclose(got, expected, rel_tol=1e-12):
+        if math.isclose(got, expected, rel_tol=YOUNG_RTOL):
             continue
-        if math.isclose(got, math.sqrt(delta * mtbf), rel_tol=1e-9):
+        if math.isclose(got, math.sqrt(delta * mtbf), rel_tol=1e-6):
             advice = ("The factor 2 is missing: the waste δ/τ + τ/(2M) is smallest where "
-                      "δ/τ² = 1/(2M).")
-        elif math.isclose(got, 2 * delta * mtbf, rel_tol=1e-9):
-            advice = "Take the square root: τ² = 2δM."
-        elif math.isclose(got, math.sqrt(2 * delta / mtbf), rel_tol=1e-9):
+                      "its derivative in τ is zero.")
+        elif math.isclose(got, 2 * delta * mtbf, rel_tol=1e-6):
+            advice = "That is τ², not τ: take the square root."
+        elif math.isclose(got, math.sqrt(2 * delta / mtbf), rel_tol=1e-6):
             advice = ("The interval grows with the MTBF: rarer failures, rarer checkpoints. "
-                      "τ = √(2δM).")
+                      "Check which of δ and M is in the numerator.")
+        elif math.isclose(got, expected, rel_tol=1e-3):
+            advice = (f"Close, but not within the relative tolerance {YOUNG_RTOL:g}: if you "
+                      f"minimise numerically, tighten the search's tolerance.")
         else:
             advice = ("Minimise the waste per unit of work, δ/τ (checkpointing) + τ/(2M) (half "
                       "an interval lost per failure), over τ.")
-        raise Wrong(f"{call} returned {got:.6g} s, expected {expected:.6g} s. {advice}")
+        shown_got, shown_expected = _distinct(got, expected)
+        raise Wrong(f"{call} returned {shown_got} s, expected {shown_expected} s. {advice}")
     return "√(2δM) over five orders of magnitude"
 
 
@@ -95,23 +114,51 @@ def job_wall_time_reference(work, interval, checkpoint_cost, restart_cost, failu
     checkpoint of `checkpoint_cost`; a failure (absolute wall times, sorted) loses the work
     since the last checkpoint completed, then `restart_cost` seconds pass (a failure during a
     restart starts it again) before work resumes."""
+    return _replay(work, interval, checkpoint_cost, restart_cost, failures)
+
+
+def _replay(work, interval, checkpoint_cost, restart_cost, failures, *, final_checkpoint=False,
+            saved_before_checkpoint=False, restart_shielded=False, from_the_start=False) -> float:
+    """The replay, and with one flag set, a plausible mistake: a checkpoint after the last
+    segment too; a segment counted as saved before its checkpoint completed; failures during a
+    restart ignored; every failure sending the job back to its start."""
     now, saved, pending = 0.0, 0.0, list(failures)
     while saved < work:
         segment = min(interval, work - saved)
         last = saved + segment >= work
-        end = now + segment + (0.0 if last else checkpoint_cost)
-        if pending and pending[0] < end:               # fails during the segment or checkpoint
+        end = now + segment + (0.0 if last and not final_checkpoint else checkpoint_cost)
+        at_risk_until = now + segment if saved_before_checkpoint else end
+        if pending and pending[0] < at_risk_until:     # fails during the segment or checkpoint
             now = pending.pop(0)
             while True:                                # restart, perhaps interrupted again
                 back = now + restart_cost
                 if pending and pending[0] < back:
+                    if restart_shielded:
+                        pending.pop(0)
+                        continue
                     now = pending.pop(0)
                     continue
                 now = back
                 break
+            if from_the_start:
+                saved = 0.0
             continue
         now, saved = end, saved + segment
     return now
+
+
+# Each plausible mistake of 6.3, as the flag of `_replay` that makes it, and its hint.
+JOB_MISTAKES = [
+    ({"final_checkpoint": True}, "a checkpoint after the last segment — the job is done then, "
+                                 "there is nothing left to protect"),
+    ({"saved_before_checkpoint": True}, "a segment counted as saved before its checkpoint "
+                                        "completed — a crash during a checkpoint loses that "
+                                        "segment too"),
+    ({"restart_shielded": True}, "crashes during a restart ignored — such a crash starts the "
+                                 "restart over"),
+    ({"from_the_start": True}, "every crash sending the job back to its start — it resumes "
+                               "from the last completed checkpoint"),
+]
 
 
 def job_cases() -> list:
@@ -137,20 +184,24 @@ def check_job_wall_time(job_wall_time):
         got = as_float(job_wall_time(work, interval, delta, restart, list(failures)), call)
         if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9):
             continue
-        no_restart = job_wall_time_reference(work, interval, delta, 0.0, failures)
-        with_final = expected + delta
-        if failures and restart and math.isclose(got, no_restart, rel_tol=1e-9):
-            advice = "Each failure also costs the restart: `restart_cost` seconds before work resumes."
-        elif math.isclose(got, with_final, rel_tol=1e-9):
-            advice = ("No checkpoint after the last segment: the job is done, there is nothing "
-                      "left to protect.")
+        matches = [hint for flags, hint in JOB_MISTAKES
+                   if math.isclose(got, _replay(work, interval, delta, restart, failures, **flags),
+                                   rel_tol=1e-9)]
+        if failures and restart and math.isclose(
+                got, job_wall_time_reference(work, interval, delta, 0.0, failures), rel_tol=1e-9):
+            matches.append("the restarts left out — each crash also costs `restart_cost` "
+                           "seconds before work resumes")
+        if len(matches) == 1:
+            advice = f"That is what the job takes with {matches[0]}."
+        elif matches:
+            advice = ("That is what the job takes with one of these mistakes: "
+                      + "; or ".join(matches) + ".")
         elif not failures:
-            advice = ("Without failures: the work, plus one checkpoint after every segment but "
-                      "the last.")
+            advice = ("There are no crashes here: count the work and the checkpoints between "
+                      "segments.")
         else:
-            advice = ("A failure loses the work since the last *completed* checkpoint (a "
-                      "checkpoint interrupted by a failure does not count); failures come at "
-                      "absolute wall times, also during checkpoints and restarts.")
+            advice = ("Walk through the events in time order: segment end, checkpoint end, "
+                      "crash, restart end. Crashes come at absolute wall times.")
         raise Wrong(f"{call} returned {got:.6g} s, expected {expected:.6g} s. {advice}")
     return "failures in a segment, in a checkpoint, in a restart, and a seeded schedule"
 
@@ -216,6 +267,19 @@ def _topk_cases():
     return TOPK_CASES + [(rng.normal(size=1000), 10), (rng.normal(size=257), 1)]
 
 
+def _topk_advice(x, k, indices) -> str:
+    """Names the mistake that keeps these indices, when one does."""
+    kept = set(indices.tolist())
+    if kept == set(np.argsort(-x, kind="stable")[:k].tolist()):
+        return ("Those are the k largest *values*: a gradient entry of −3 matters more than "
+                "one of 2, so rank by magnitude.")
+    if kept == set(np.argsort(np.abs(x), kind="stable")[:k].tolist()):
+        return "Those are the k *smallest* magnitudes: keep the largest."
+    if kept == set(np.argsort(x, kind="stable")[:k].tolist()):
+        return "Those are the k smallest values: rank by magnitude, largest first."
+    return "Keep the k entries of largest |x|."
+
+
 @checker("6.5", "top-k sparsification")
 def check_top_k(top_k):
     for x, k in _topk_cases():
@@ -227,18 +291,24 @@ def check_top_k(top_k):
             raise Wrong(f"{call} returned {got!r}; expected (indices, values)") from None
         want = set(np.argsort(-np.abs(x), kind="stable")[:k].tolist())
         if indices.shape != (k,) or values.shape != (k,):
+            off = (" (one off: check the end of your slice)"
+                   if abs(indices.size - k) == 1 and indices.size == values.size else "")
             raise Wrong(f"{call} returned {indices.size} indices and {values.size} values; "
-                        f"expected k = {k} of each.")
+                        f"expected k = {k} of each{off}.")
         if set(indices.tolist()) != want:
-            by_value = set(np.argsort(-x, kind="stable")[:k].tolist())
-            advice = ("Largest in magnitude: a gradient entry of −3 matters more than one of 2 "
-                      "(use |x|)." if set(indices.tolist()) == by_value else
-                      "Keep the k entries of largest |x|.")
             raise Wrong(f"{call} kept indices {sorted(indices.tolist())[:12]}, expected "
-                        f"{sorted(want)[:12]}. {advice}")
-        if not np.array_equal(values, x[indices]):
-            raise Wrong(f"{call}: the values must be x at the kept indices, with their signs "
-                        f"(x[indices]), so that the receiver can rebuild the sparse vector.")
+                        f"{sorted(want)[:12]}. {_topk_advice(x, k, indices)}")
+        if np.array_equal(values, x[indices]):
+            continue
+        if np.array_equal(values, np.abs(x[indices])):
+            advice = ("The values lost their signs (|x| was used to choose the entries, but "
+                      "the receiver needs x itself).")
+        elif np.array_equal(np.sort(values), np.sort(x[indices])):
+            advice = ("The right values, in another order than the indices: values[j] must "
+                      "be x[indices[j]].")
+        else:
+            advice = "The values must be x at the kept indices, with their signs."
+        raise Wrong(f"{call}: {advice} The receiver rebuilds the sparse vector from both.")
     for k in (0, 7):
         try:
             top_k(np.ones(5), k)
@@ -297,13 +367,43 @@ def check_error_feedback_step(error_feedback_step):
 # --- 6.7: QSGD ------------------------------------------------------------------------------------
 
 QSGD_DRAWS = 4000
+# Entries whose scaled magnitude |x_i|/‖x‖·s lies within this of a whole number are avoided: the
+# level drawn is then almost never the other one, so the mean of a few thousand draws is far
+# from normal and a right answer could be rejected.
+QSGD_MARGIN = 0.1
+# A right answer's mean lies this many of its known standard errors from x (per entry); with at
+# most 50 entries a right answer fails with probability below 1e-5.
+QSGD_SIGMAS = 5.0
+
+
+def qsgd_vector(n: int, levels: int, rng) -> np.ndarray:
+    """A vector of n normal entries, signs mixed, none of whose scaled magnitudes is within
+    QSGD_MARGIN of a whole number (redrawn until so; seeded, so always the same vector)."""
+    while True:
+        x = rng.normal(size=n)
+        scaled = np.abs(x) / np.linalg.norm(x) * levels
+        fraction = scaled - np.floor(scaled)
+        if np.all((fraction > QSGD_MARGIN) & (fraction < 1 - QSGD_MARGIN)):
+            return x
+
+
+def qsgd_moments(x, levels) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry, the known variance of an unbiased QSGD draw, p(1 − p)(‖x‖/s)² with p the
+    fractional part of |x_i|/‖x‖·s, and the variance of a sample variance of one such draw
+    (a scaled Bernoulli variable: p(1 − p)(1 − 3p + 3p²) c⁴ − p²(1 − p)² c⁴, c = ‖x‖/s)."""
+    unit = np.linalg.norm(x) / levels
+    scaled = np.abs(x) / np.linalg.norm(x) * levels
+    p = scaled - np.floor(scaled)
+    variance = p * (1 - p) * unit**2
+    fourth = p * (1 - p) * (1 - 3 * p + 3 * p**2) * unit**4
+    return variance, fourth - variance**2
 
 
 @checker("6.7", "QSGD quantization")
 def check_qsgd_quantize(qsgd_quantize):
     rng = np.random.default_rng(6007)
     for n, levels in ((6, 1), (10, 4), (50, 16)):
-        x = rng.normal(size=n)
+        x = qsgd_vector(n, levels, rng)
         norm = np.linalg.norm(x)
         call = f"qsgd_quantize(x of length {n}, levels={levels}, rng)"
         draws = np.array([np.asarray(qsgd_quantize(x.copy(), levels, np.random.default_rng(seed)),
@@ -312,30 +412,41 @@ def check_qsgd_quantize(qsgd_quantize):
             raise Wrong(f"{call} returned shape {draws.shape[1:]}; expected ({n},), the "
                         f"dequantized vector.")
         grid = np.abs(draws) / norm * levels
-        if not np.allclose(grid, np.round(grid), atol=1e-9):
-            raise Wrong(f"{call} returned values off the grid ‖x‖·l/s (l = 0 … s) with the "
-                        f"sign of x: scale by the 2-norm and round |x_i|/‖x‖·s up or down.")
+        if not np.all(np.isfinite(draws)) or not np.allclose(grid, np.round(grid), atol=1e-9):
+            raise Wrong(f"{call} returned values off the grid ‖x‖₂·l/s (l = 0 … s) with the "
+                        f"sign of x: is the scale the 2-norm, and is the level a whole number?")
         if np.any(np.sign(draws) * np.sign(x) < 0):
             raise Wrong(f"{call} flipped a sign: each entry keeps the sign of x_i.")
-        spread = np.sqrt(draws.var(axis=0) / QSGD_DRAWS)
-        bias = np.abs(draws.mean(axis=0) - x)
-        if np.any(bias > 6 * spread + 1e-12):
-            if np.all(draws.var(axis=0) < 1e-20):
-                advice = ("It is deterministic: rounding to the nearest level is biased. Round "
-                          "up with probability |x_i|/‖x‖·s − l, down otherwise.")
+        variance, variance_of_variance = qsgd_moments(x, levels)
+        standard_error = np.sqrt(variance / QSGD_DRAWS)
+        deviation = np.abs(draws.mean(axis=0) - x) / standard_error
+        if np.any(deviation > QSGD_SIGMAS):
+            if np.all(draws == draws[0]):
+                advice = ("It is deterministic, and rounding to one fixed level is biased: "
+                          "draw the level at random.")
             else:
-                advice = ("Round |x_i|/‖x‖·s up to l + 1 with probability |x_i|/‖x‖·s − l "
-                          "(l its floor): then the mean is x.")
-            worst = int(np.argmax(bias / (spread + 1e-30)))
+                advice = ("It is random but biased: check the probability of rounding up "
+                          "(with it the mean is x).")
+            worst = int(np.argmax(deviation))
             raise Wrong(f"{call}: over {QSGD_DRAWS} draws entry {worst} averages "
-                        f"{draws[:, worst].mean():.4f}, but x has {x[worst]:.4f} — the "
-                        f"quantizer must be unbiased. {advice}")
-        variance = float(np.sum(draws.var(axis=0)))
-        bound = min(n / levels**2, math.sqrt(n) / levels) * norm**2
-        if variance > 1.2 * bound:
-            raise Wrong(f"{call}: its variance {variance:.4g} exceeds QSGD's bound "
-                        f"min(n/s², √n/s)·‖x‖² = {bound:.4g}.")
-    return f"on the grid, sign-preserving, unbiased and within the variance bound ({QSGD_DRAWS} draws)"
+                        f"{draws[:, worst].mean():.4f}, but x has {x[worst]:.4f} "
+                        f"({deviation[worst]:.0f} standard errors away) — the quantizer must "
+                        f"be unbiased. {advice}")
+        total = float(np.sum(draws.var(axis=0)))
+        known = float(np.sum(variance))
+        spread = math.sqrt(float(np.sum(variance_of_variance)) / QSGD_DRAWS)
+        if total > known + QSGD_SIGMAS * spread:
+            raise Wrong(f"{call}: unbiased, but its variance {total:.4g} is above the "
+                        f"{known:.4g} of rounding to the two nearest levels: choose between "
+                        f"the levels just below and just above |x_i|/‖x‖·s.")
+    zero = np.zeros(5)
+    call = "qsgd_quantize(np.zeros(5), levels=4, rng)"
+    got = np.asarray(qsgd_quantize(zero.copy(), 4, np.random.default_rng(0)), dtype=float)
+    if got.shape != (5,) or not np.all(got == 0):
+        raise Wrong(f"{call} returned {np.round(got, 4)}; expected five zeros (‖x‖ = 0: there "
+                    f"is nothing to scale, and nothing to divide by).")
+    return (f"on the grid, sign-preserving, unbiased and with QSGD's variance "
+            f"({QSGD_DRAWS} draws); x = 0 gives 0")
 
 
 # --- 6.8: when compression pays -----------------------------------------------------------------
@@ -376,3 +487,158 @@ def check_compression_pays(compression_pays):
                       f"n / throughput to compress.")
         raise Wrong(f"{call} returned {got}, expected {expected}. {advice}")
     return "slow and fast networks, small and large messages"
+
+
+# --- 6.9: re-sharding a checkpoint onto another world size ---------------------------------------
+
+# (n, old world, new world, new rank): the first case tells the mistakes apart; then more ranks
+# than entries (empty shards), growing, the same world, one old rank, a new rank with nothing.
+RESHARD_CASES = [(10, 4, 3, 1), (1000, 8, 6, 2), (1000, 6, 8, 7), (5, 8, 3, 2), (7, 1, 3, 0),
+                 (37, 5, 5, 3), (5, 3, 8, 6), (101, 7, 4, 3)]
+
+
+def _array_split_bounds(n, p):
+    """[start, stop) of each of p shards of n, cut as np.array_split cuts (first n mod p longer)."""
+    base, extra = divmod(n, p)
+    starts = [r * base + min(r, extra) for r in range(p + 1)]
+    return list(zip(starts[:-1], starts[1:]))
+
+
+def _chunk_bounds(n, p):
+    """The cut of torch.chunk: ⌈n/p⌉ each, the last ones shorter (or empty)."""
+    size = -(-n // p)
+    return [(min(r * size, n), min((r + 1) * size, n)) for r in range(p)]
+
+
+def _floor_bounds(n, p):
+    """n // p each, the remainder on the last rank."""
+    base = n // p
+    return [(r * base, (r + 1) * base if r < p - 1 else n) for r in range(p)]
+
+
+def reshard_reference(n, old_world, new_world, new_rank, *, cut=_array_split_bounds,
+                      local=True, keep_empty=False, inclusive=False) -> list:
+    """The pieces new rank `new_rank` reads, as (old rank, start, stop) inside the old shard;
+    the keyword arguments make the plausible mistakes (another cut, global offsets, empty pieces
+    kept, an inclusive stop)."""
+    start, stop = cut(n, new_world)[new_rank]
+    pieces = []
+    for old, (low, high) in enumerate(cut(n, old_world)):
+        first, last = max(low, start), min(high, stop)
+        if first >= last and not (keep_empty and low <= stop and high >= start):
+            continue
+        offset = low if local else 0
+        pieces.append((old, first - offset, last - offset - (1 if inclusive else 0)))
+    return pieces
+
+
+RESHARD_MISTAKES = [
+    ({"local": False}, "offsets in the whole vector: start and stop are offsets *inside* the "
+                       "old rank's shard (subtract where that shard begins)"),
+    ({"cut": _chunk_bounds}, "shards of ⌈n/p⌉ entries (torch.chunk's cut): here the first n mod "
+                             "p shards are one longer than the rest"),
+    ({"cut": _floor_bounds}, "shards of n // p with the remainder on the last rank: here the "
+                             "first n mod p shards are one longer than the rest"),
+    ({"keep_empty": True}, "empty pieces kept: leave out old shards that share no entry with "
+                           "the new range"),
+    ({"inclusive": True}, "an inclusive stop: stop is one past the last entry, as in a slice"),
+]
+
+
+def _as_plan(got, call) -> list:
+    try:
+        plan = [tuple(int(v) for v in piece) for piece in got]
+    except (TypeError, ValueError):
+        raise Wrong(f"{call} returned {got!r}; expected a list of (old_rank, start, stop)") \
+            from None
+    if any(len(piece) != 3 for piece in plan):
+        raise Wrong(f"{call} returned {got!r}; each piece is three numbers (old_rank, start, "
+                    f"stop)")
+    return plan
+
+
+@checker("6.9", "re-sharding a checkpoint onto another world size")
+def check_reshard_plan(reshard_plan):
+    for n, old_world, new_world, new_rank in RESHARD_CASES:
+        call = (f"reshard_plan(n={n}, old_world={old_world}, new_world={new_world}, "
+                f"new_rank={new_rank})")
+        got = reshard_plan(n, old_world, new_world, new_rank)
+        if got is None:
+            raise Wrong(f"{call} returned None; did you forget a `return`?")
+        plan = _as_plan(got, call)
+        expected = reshard_reference(n, old_world, new_world, new_rank)
+        if plan == expected:
+            continue
+        matches = [hint for flags, hint in RESHARD_MISTAKES
+                   if plan == reshard_reference(n, old_world, new_world, new_rank, **flags)]
+        if sorted(plan) == expected:
+            advice = "The right pieces in another order: list them in the order of the vector."
+        elif matches:
+            advice = "It looks like " + "; or ".join(matches) + "."
+        else:
+            advice = ("Cut [0, n) for both world sizes the same way, find the old shards that "
+                      "overlap the new rank's range, and give each overlap inside its shard.")
+        raise Wrong(f"{call} returned {plan}. {advice}")
+    return "shrinking, growing, empty shards and an unchanged world size"
+
+
+# --- 6.10: a timeout for a target false-suspicion rate --------------------------------------------
+
+# (period s, stall probability q, stall mean s, heartbeats B, target rate)
+TIMEOUT_CASES = [(0.01, 0.05, 0.02, 50, 0.01), (1.0, 0.2, 3.0, 1000, 0.05),
+                 (0.5, 0.001, 0.1, 10, 0.5), (0.01, 0.05, 0.02, 1, 0.05),
+                 (2.0, 0.3, 0.5, 200, 1e-4), (0.1, 1.0, 0.05, 20, 0.1)]
+TIMEOUT_RTOL = 1e-7          # a bisection or a root finder meets this; so does the closed form
+
+
+def timeout_reference(period, q, stall_mean, beats, target, *, per_beat=False, period_left_out=False,
+                      floor=True) -> float:
+    """The smallest timeout T (s) with P(a live worker is suspected at least once in `beats`
+    heartbeats) ≤ target, when a gap is period + Exp(stall_mean) with probability q and
+    period otherwise: 1 − (1 − q e^{−(T − h)/m})^B = target; never below the period (a
+    timeout shorter than the period suspects everyone). The keywords make the mistakes."""
+    allowed = target if per_beat else 1 - (1 - target) ** (1 / beats)
+    timeout = (0.0 if period_left_out else period) + stall_mean * math.log(q / allowed)
+    return max(period, timeout) if floor else timeout
+
+
+TIMEOUT_MISTAKES = [
+    ({"per_beat": True}, "the target used for one heartbeat: a worker has B chances to be "
+                         "suspected, so each gap may exceed T with a smaller probability"),
+    ({"period_left_out": True}, "the period left out: a gap is the period plus the stall, so "
+                                "the stall must exceed T minus the period"),
+    ({"floor": False}, "a timeout below the period: then every gap exceeds it and every "
+                       "worker is suspected"),
+]
+
+
+@checker("6.10", "a timeout for a target false-suspicion rate")
+def check_choose_timeout(choose_timeout):
+    for case in TIMEOUT_CASES:
+        period, q, mean, beats, target = case
+        call = (f"choose_timeout(period={period:g}, stall_probability={q:g}, stall_mean={mean:g}, "
+                f"beats={beats}, target={target:g})")
+        got = as_float(choose_timeout(*case), call)
+        expected = timeout_reference(*case)
+        if math.isclose(got, expected, rel_tol=TIMEOUT_RTOL):
+            continue
+        matches = [hint for flags, hint in TIMEOUT_MISTAKES
+                   if math.isclose(got, timeout_reference(*case, **flags), rel_tol=1e-6)]
+        if matches:
+            advice = "It looks like " + "; or ".join(matches) + "."
+        elif got > expected:
+            advice = ("Longer than needed: the rate falls as the timeout grows, and the "
+                      "smallest timeout that meets the target is asked for.")
+        else:
+            advice = ("Too short: with it more workers than the target are suspected. Write the "
+                      "chance that one gap exceeds T, then that none of B gaps does.")
+        shown_got, shown_expected = _distinct(got, expected)
+        raise Wrong(f"{call} returned {shown_got} s, expected {shown_expected} s. {advice}")
+    for target in (0.0, 1.0, -0.1):
+        try:
+            choose_timeout(0.01, 0.05, 0.02, 50, target)
+        except ValueError:
+            continue
+        raise Wrong(f"choose_timeout(..., target={target:g}) returned; a target rate must lie "
+                    f"strictly between 0 and 1: raise ValueError naming target.")
+    return "from a rare short stall to stalls on every heartbeat"
