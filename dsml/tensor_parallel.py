@@ -392,21 +392,24 @@ def gather_block_grads(grads_per_rank: list, heads: int) -> dict:
 
 
 # -- cell 38
-def parallel_sublayers(params: dict, heads: int, tp: int, rank: int, **options):
+def parallel_sublayers(params: dict, heads: int, tp: int, rank: int,
+                       layers=(ColumnParallelLinear, RowParallelLinear), **options):
     """Rank `rank`'s attention (head-parallel: column-parallel QKV, row-parallel projection)
     and MLP (column- then row-parallel) of a block, from its shard of the parameters;
-    `options` (flop_rate, algorithm) go to every linear layer."""
+    `options` (flop_rate, algorithm) go to every linear layer. `layers` are the
+    column- and row-parallel classes to build them from."""
+    column, row = layers
     first, last = shard_range(heads, tp, rank, "attention heads")
     attention = ParallelAttention(
-        ColumnParallelLinear(params["attn.qkv.weight"], params["attn.qkv.bias"], tp, rank,
+        column(params["attn.qkv.weight"], params["attn.qkv.bias"], tp, rank,
                              **options),
-        RowParallelLinear(params["attn.proj.weight"], params["attn.proj.bias"], tp, rank,
+        row(params["attn.proj.weight"], params["attn.proj.bias"], tp, rank,
                           **options),
         last - first)
     mlp = ParallelMLP(
-        ColumnParallelLinear(params["mlp.fc.weight"], params["mlp.fc.bias"], tp, rank,
+        column(params["mlp.fc.weight"], params["mlp.fc.bias"], tp, rank,
                              **options),
-        RowParallelLinear(params["mlp.proj.weight"], params["mlp.proj.bias"], tp, rank,
+        row(params["mlp.proj.weight"], params["mlp.proj.bias"], tp, rank,
                           **options))
     return attention, mlp
 
@@ -552,3 +555,159 @@ def count_collectives(trace, rank: int, start: float = 0.0, end: float = float("
         elif record.op == "compute":
             inside = False
     return bursts
+
+
+# -- cell 58
+from functools import partial
+
+from dsml.collectives import allgather, reduce_scatter
+
+
+def sequence_shard(x, tp: int, rank: int):
+    """Rank's positions of x (b, s, ...) along the sequence axis: s/t consecutive positions.
+    Sequence parallelism needs t to divide s (every rank's shard is one ring block)."""
+    check_tp(tp, rank)
+    x = np.asarray(x)
+    if x.ndim < 2 or x.shape[1] % tp:
+        raise ValueError(f"sequence parallelism cuts the sequence into tp = {tp} equal shards, "
+                         f"but x of shape {x.shape} has sequence length "
+                         f"{x.shape[1] if x.ndim > 1 else 'none'}; pad it to a multiple of {tp}")
+    size = x.shape[1] // tp
+    return x[:, rank * size:(rank + 1) * size]
+
+
+def gather_sequence(comm, shard, algorithm: str = "ring"):
+    """g forward (and ḡ backward): all-gather the ranks' sequence shards (b, s/t, h) into the
+    whole (b, s, h). The collective gathers along axis 0, so the sequence is moved there."""
+    whole = yield from allgather(comm, np.ascontiguousarray(np.swapaxes(shard, 0, 1)), algorithm)
+    return np.swapaxes(whole, 0, 1)
+
+
+def scatter_sequence(comm, partial_sum, algorithm: str = "ring"):
+    """ḡ forward (and g backward): reduce-scatter — sum the ranks' (b, s, h) and keep this
+    rank's s/t positions of the sum."""
+    seq_first = np.ascontiguousarray(np.swapaxes(partial_sum, 0, 1))
+    mine = yield from reduce_scatter(comm, seq_first, "sum", algorithm)
+    return np.swapaxes(mine, 0, 1)
+
+
+# -- cell 59
+class SequenceParallelColumn(ColumnParallelLinear):
+    """A column-parallel layer whose input arrives as sequence shards: g (all-gather) replaces
+    the identity f, and g's conjugate (reduce-scatter) replaces f's all-reduce in backward.
+    regather=True keeps only the shard for backward and all-gathers it again there."""
+
+    def __init__(self, *args, regather: bool = True, **options):
+        super().__init__(*args, **options)
+        self.regather = bool(regather)
+
+    def forward(self, comm, x_shard):
+        check_comm(comm, self.tp, self.rank, "SequenceParallelColumn")
+        x = yield from gather_sequence(comm, np.asarray(x_shard), self.algorithm)
+        y = yield from super().forward(comm, x)          # f is the identity: no message
+        if self.regather:
+            self._x = np.asarray(x_shard)
+        return y
+
+    def backward(self, comm, dy):
+        check_comm(comm, self.tp, self.rank, "SequenceParallelColumn")
+        if self._x is None:
+            raise RuntimeError("call forward before backward")
+        x = (yield from gather_sequence(comm, self._x, self.algorithm)) if self.regather \
+            else self._x
+        dx_partial, dweight, dbias = linear_backward(np.asarray(dy), x, self.weight)
+        yield from spend_flops(comm, 2 * matmul_flops(x, self.weight), self.flop_rate)
+        dx_shard = yield from scatter_sequence(comm, dx_partial, self.algorithm)
+        return dx_shard, {"weight": dweight, "bias": dbias}
+
+
+# -- cell 60
+class SequenceParallelRow(RowParallelLinear):
+    """A row-parallel layer whose output leaves as sequence shards: ḡ (reduce-scatter)
+    replaces g's all-reduce; backward all-gathers dL/dZ (ḡ's conjugate). The bias is added
+    to the rank's positions; its gradient, from the gathered dL/dZ, is whole on every rank."""
+
+    def forward(self, comm, x_shard):
+        check_comm(comm, self.tp, self.rank, "SequenceParallelRow")
+        self._x = np.asarray(x_shard)
+        partial_sum = linear_forward(self._x, self.weight)
+        yield from spend_flops(comm, matmul_flops(self._x, self.weight), self.flop_rate)
+        mine = yield from scatter_sequence(comm, partial_sum, self.algorithm)
+        return mine + self.bias
+
+    def backward(self, comm, dz_shard):
+        dz = yield from gather_sequence(comm, np.asarray(dz_shard), self.algorithm)
+        return (yield from super().backward(comm, dz))
+
+
+NORM_PARAMS = ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias")
+
+
+class SequenceParallelBlock(TensorParallelBlock):
+    """TensorParallelBlock with Korthikanti et al.'s sequence parallelism: LayerNorms and
+    residuals on this rank's s/t positions; forward takes and returns (b, s/t, h) shards.
+    Per block: forward 2 all-gathers + 2 reduce-scatters, backward the same (+2 all-gathers
+    with regather), then one all-reduce of the LayerNorms' 4h parameter gradients."""
+
+    def __init__(self, params: dict, heads: int, tp: int, rank: int, flop_rate=None,
+                 algorithm: str = "ring", regather: bool = True):
+        super().__init__(params, heads, tp, rank, flop_rate, algorithm)
+        self.algorithm = algorithm
+        self.attention, self.mlp = parallel_sublayers(
+            params, heads, tp, rank, layers=(partial(SequenceParallelColumn, regather=regather),
+                                             SequenceParallelRow),
+            flop_rate=flop_rate, algorithm=algorithm)
+
+    def forward(self, comm, x_shard):
+        """Rank program piece: this rank's positions of the block's output, (b, s/t, h)."""
+        return (yield from super().forward(comm, x_shard))
+
+    def backward(self, comm, dy_shard):
+        """Rank program piece: (dL/dx for this rank's positions; its shard gradients)."""
+        dx_shard, grads = yield from super().backward(comm, dy_shard)
+        partial_norms = np.concatenate([grads[name] for name in NORM_PARAMS])
+        norms = yield from allreduce(comm, partial_norms, op="sum", algorithm=self.algorithm)
+        for name, piece in zip(NORM_PARAMS, np.split(norms, len(NORM_PARAMS))):
+            grads[name] = piece
+        return dx_shard, grads
+
+
+# -- cell 61
+from dsml.train.transformer import held_bytes
+
+
+def activations_held(block) -> int:
+    """Bytes of the distinct arrays a (tensor- or sequence-parallel) block keeps between
+    forward and backward: its LayerNorm caches and every sub-layer's, parameters left out."""
+    keep = [block._cache[:2], block.attention._cache, block.attention.qkv._x,
+            block.attention.proj._x, block.mlp._pre, block.mlp.fc._x, block.mlp.proj._x]
+    params = {id(value) for value in block.ln.values()}
+    flat, stack = [], list(keep)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack.extend(item)
+        elif isinstance(item, np.ndarray) and id(item) not in params:
+            flat.append(item)
+    return held_bytes(flat)
+
+
+def parallel_block_step(comm, params: dict, heads: int, x, dout, sequence_parallel=True,
+                        regather=True, flop_rate=None, algorithm: str = "ring"):
+    """Rank program: the tensor-parallel block (sequence_parallel=False) or the sequence-parallel
+    one on the whole x and dout (b, s, h), cut here. Returns a dict: "output" and "input_grad"
+    (this rank's positions with sequence parallelism, else whole), "grads", "forward_end" (s)
+    and "held", the activation bytes kept between forward and backward."""
+    t, r = comm.size, comm.rank
+    if sequence_parallel:
+        x, dout = sequence_shard(x, t, r), sequence_shard(dout, t, r)
+        block = SequenceParallelBlock(shard_block_params(params, heads, t, r), heads, t, r,
+                                      flop_rate, algorithm, regather)
+    else:
+        block = TensorParallelBlock.from_full(params, heads, t, r, flop_rate=flop_rate,
+                                              algorithm=algorithm)
+    y = yield from block.forward(comm, x)
+    forward_end, held = (yield comm.now()), activations_held(block)
+    dx, grads = yield from block.backward(comm, dout)
+    return {"output": y, "input_grad": dx, "grads": grads, "forward_end": forward_end,
+            "held": held}

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 112
+# -- cell 120
 import numbers
 
 import numpy as np
@@ -48,7 +48,7 @@ def zero_memory_formula(stage: int, n_params: int, world_size: int, param_bytes:
             "optimizer": optimizer_bytes * (shard if stage >= 1 else n_params)}
 
 
-# -- cell 113
+# -- cell 121
 def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: float = 2,
                       grad_bytes: float = 2) -> float:
     """Bytes each rank sends per training step with ring collectives (week 2), Ψ = n_params.
@@ -69,7 +69,7 @@ def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: f
     return share * (grad_bytes + 2 * param_bytes)
 
 
-# -- cell 118
+# -- cell 126
 from dataclasses import dataclass
 
 from dsml.data_parallel import flatten
@@ -128,7 +128,7 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
             master + states * np.dtype(kept).itemsize)
 
 
-# -- cell 119
+# -- cell 127
 def fsdp_units(model) -> list:
     """The sharding units, one per layer as FSDP wraps them: [(unit name, layout), …] in
     forward order, where layout [(parameter name, shape), …] is week 3's flatten layout of
@@ -163,7 +163,7 @@ def mlp_layer_backward(g, inputs, pre, weight, activation, last: bool, first: bo
     return grad_weight, grad_bias, grad_input
 
 
-# -- cell 123
+# -- cell 131
 LEDGER_CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
 
@@ -218,7 +218,7 @@ class MemoryLedger:
         return {"peak": self.peak, "at_peak": dict(self.at_peak), "now": dict(self.now)}
 
 
-# -- cell 125
+# -- cell 133
 from dsml.collectives import allreduce, reduce_scatter
 from dsml.collectives.allgather import allgather_ring_blocks
 from dsml.collectives.buffers import block_sizes, split
@@ -262,7 +262,7 @@ def optimizer_state_arrays(optimizer) -> list:
     return arrays
 
 
-# -- cell 126
+# -- cell 134
 def check_zero_arguments(stage, model, X, y, optimizer, precision, loss) -> int:
     """Every argument of zero_data_parallel that can be checked before training: the stage as
     an int, or a ValueError naming the argument, its value and what is valid."""
@@ -284,7 +284,7 @@ def check_zero_arguments(stage, model, X, y, optimizer, precision, loss) -> int:
     return stage
 
 
-# -- cell 127
+# -- cell 135
 from types import SimpleNamespace
 
 
@@ -319,7 +319,7 @@ def _zero_state(comm, stage, model, spec, ledger) -> SimpleNamespace:
                            grads=grads, updated=updated, ledger=ledger, stage=stage)
 
 
-# -- cell 128
+# -- cell 136
 def _unit_weights(comm, state, name):
     """Generator: a unit's whole weights — gathered into a buffer in stage 3, else held."""
     if state.stage == 3:
@@ -357,7 +357,7 @@ def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop):
     return inputs, pre, g, value * examples
 
 
-# -- cell 129
+# -- cell 137
 def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
                    seconds_per_flop):
     """Generator: the backward pass, last layer first; each layer's gradient, scaled by
@@ -397,7 +397,7 @@ def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
                 del bucket
 
 
-# -- cell 130
+# -- cell 138
 def _zero_update(comm, state, opt, spec, step):
     """Generator: the optimizer step on what this rank owns, unscaled in the optimizer's
     precision; then the new weights in the forward precision, all-gathered in stages 1–2."""
@@ -423,7 +423,7 @@ def _zero_update(comm, state, opt, spec, step):
             yield from allgather_pieces(comm, state.params[name])
 
 
-# -- cell 131
+# -- cell 139
 def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1e-3,
                        precision="mixed", loss="cross_entropy", seconds_per_flop: float = 0.0,
                        **hyper):
@@ -466,7 +466,7 @@ def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1
             "memory": state.ledger.report()}
 
 
-# -- cell 133
+# -- cell 141
 from dsml.comm.run import run
 
 
@@ -500,7 +500,7 @@ class ZeroRun:
     trace: object
 
 
-# -- cell 134
+# -- cell 142
 def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = "sim",
                network=None, optimizer: str = "adam", lr: float = 1e-3, precision="mixed",
                loss: str = "cross_entropy", seconds_per_flop: float = 0.0,

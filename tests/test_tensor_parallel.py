@@ -16,6 +16,13 @@ NumPy matmuls for the linear layers. Against it:
   equal — and departs from it, measurably and within a bound, when b·s·h is not divisible by
   t, when recursive doubling runs on a non-power-of-two t, and when heads split unevenly (the
   busiest rank sets the pace);
+- sequence parallelism (Korthikanti et al. 2022): the block with LayerNorms on s/t positions,
+  all-gather and reduce-scatter in place of the all-reduces, equals the unsharded block for
+  t = 1, 2, 4 (both keeping and re-gathering the column-parallel inputs) and on threads the
+  simulator bit for bit; it refuses a sequence t does not divide; it sends the all-reduce
+  version's bytes plus the LayerNorm gradients' all-reduce (plus two all-gathers when it
+  re-gathers); the activation bytes a rank keeps equal Korthikanti's rows in dsml.memory,
+  dropout removed (our block has none);
 - bad input fails with a clear error: mismatched shapes, more ranks than heads or columns,
   heads not dividing hidden, shards cut for another world size, wrong parameter sets.
 
@@ -33,13 +40,14 @@ from hypothesis import strategies as st
 import dsml
 from dsml import RankError
 from dsml.collectives import cost
+from dsml.memory import TransformerConfig, activation_bytes_per_layer
 from dsml.net import AlphaBeta
 from dsml.sim import Trace
 from dsml.tensor_parallel import (ALLREDUCES_PER_BLOCK, BLOCK_PARTITION, ColumnParallelLinear,
                                   ParallelAttention, ParallelMLP, RowParallelLinear,
                                   TensorParallelBlock, allreduce_nbytes, block_forward_flops,
                                   bytes_sent, count_collectives, gather_block_grads,
-                                  qkv_columns, shard_block_params, shard_range, shard_sizes,
+                                  parallel_block_step, qkv_columns, sequence_shard, shard_block_params, shard_range, shard_sizes,
                                   tensor_parallel_block_step, tp_block_bytes_per_rank,
                                   tp_block_comm_seconds)
 from dsml.train.transformer import (TransformerBlock, causal_attention_backward,
@@ -559,3 +567,78 @@ def test_gather_refuses_replicated_gradients_that_differ():
         gather_block_grads(shards, 2)
     with pytest.raises(ValueError, match="at least one rank"):
         gather_block_grads([], 2)
+
+
+# --- sequence parallelism (Korthikanti et al. 2022) ------------------------------------------
+
+def sp_run(tp, problem, engine="sim", **kwargs):
+    params, x, upstream = problem[:3]
+    heads = 4 if params["ln1.weight"].shape[0] == 16 else 6
+    if engine == "sim":
+        return dsml.run(parallel_block_step, tp, network=NET, args=(params, heads, x, upstream),
+                        kwargs=kwargs)
+    return dsml.run(parallel_block_step, tp, engine=engine, args=(params, heads, x, upstream),
+                    kwargs=kwargs, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("regather", [True, False])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sequence_parallel_block_equals_the_unsharded_block(tp, regather, seed):
+    params, x, upstream, y, dx, grads = block_problem(2, 8, 16, 4, seed)
+    values = sp_run(tp, (params, x, upstream), regather=regather).values
+    assert all(v["output"].shape == (2, 8 // tp, 16) for v in values)
+    assert close(np.concatenate([v["output"] for v in values], axis=1), y)
+    assert close(np.concatenate([v["input_grad"] for v in values], axis=1), dx)
+    gathered = gather_block_grads([v["grads"] for v in values], 4)   # replicated: same bits
+    for name in grads:
+        assert close(gathered[name], grads[name]), name
+
+
+def test_sequence_parallel_block_on_threads_equals_the_simulator():
+    problem = block_problem(1, 6, 12, 6, seed=4)
+    threads = sp_run(3, problem, engine="threads").values
+    simulated = sp_run(3, problem).values
+    for real, sim in zip(threads, simulated):
+        assert np.array_equal(real["output"], sim["output"])
+        assert all(np.array_equal(real["grads"][n], sim["grads"][n]) for n in sim["grads"])
+
+
+def test_a_sequence_the_ranks_do_not_divide_is_refused():
+    problem = block_problem(2, 6, 16, 4, seed=0)
+    with pytest.raises(RankError, match=r"cuts the sequence into tp = 4 equal shards, but x of "
+                                        r"shape \(2, 6, 16\) has sequence length 6; pad it to a "
+                                        r"multiple of 4"):
+        sp_run(4, problem)
+    with pytest.raises(ValueError, match="sequence length none"):
+        sequence_shard(np.zeros(5), 1, 0)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_bytes_against_the_all_reduce_version(tp):
+    batch, seq, hidden = 2, 8, 16
+    problem = block_problem(batch, seq, hidden, 4, seed=0)
+    sent = {name: bytes_sent(sp_run(tp, problem, **kwargs).trace) / tp for name, kwargs in
+            (("tp", {"sequence_parallel": False}), ("keep", {"regather": False}),
+             ("regather", {"regather": True}))}
+    ring = 2 * (tp - 1) / tp
+    assert math.isclose(sent["tp"], tp_block_bytes_per_rank(batch, seq, hidden, tp), rel_tol=1e-12)
+    # reduce-scatter + all-gather = all-reduce: only the LayerNorms' 4h gradients are added
+    assert sent["keep"] - sent["tp"] == ring * 4 * hidden * 8
+    # re-gathering the two column-parallel inputs: two all-gathers, (t − 1)/t·b·s·h·8 each
+    assert sent["regather"] - sent["keep"] == ring * batch * seq * hidden * 8
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_activations_held_equal_korthikantis_rows(tp):
+    batch, seq, hidden, heads = 2, 8, 16, 4
+    problem = block_problem(batch, seq, hidden, heads, seed=0)
+    config = TransformerConfig.gpt_style(1, hidden, heads, vocab=8, seq_len=seq)
+    for sp, kwargs in ((False, {"sequence_parallel": False}), (True, {"regather": True})):
+        held = {v["held"] for v in sp_run(tp, problem, **kwargs).values}
+        split = tp if sp else 1
+        dropout = 2 * seq * batch * hidden / split + 3 * heads * seq**2 * batch / tp
+        paper = activation_bytes_per_layer(config, batch, tp, sp)
+        assert held == {8 * ((paper - dropout) / 2 + 2 * seq * batch / split)}, (sp, held)
+    keep = {v["held"] for v in sp_run(tp, problem, regather=False).values}
+    assert keep == {next(iter(held)) + 8 * 2 * seq * batch * hidden * (1 - 1 / tp)}
