@@ -4,7 +4,7 @@
 from dsml.zero import zero_memory_formula
 
 
-# -- cell 166
+# -- cell 173
 import numbers
 from dataclasses import dataclass
 
@@ -50,7 +50,7 @@ def _check_config(config, sizes=None) -> None:
                          f"hidden / heads must be even, got {config.head_dim}")
 
 
-# -- cell 167
+# -- cell 174
 @dataclass(frozen=True)
 class TransformerConfig:
     """The shapes of a decoder-only transformer, GPT-style or Llama-style.
@@ -157,7 +157,7 @@ class TransformerConfig:
         return sum(self.breakdown().values())
 
 
-# -- cell 168
+# -- cell 175
 def narayanan_params(config: TransformerConfig) -> float:
     """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
     P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
@@ -165,7 +165,7 @@ def narayanan_params(config: TransformerConfig) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-# -- cell 170
+# -- cell 177
 PRESETS = {
     "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
     "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
@@ -187,7 +187,7 @@ def preset(name: str) -> TransformerConfig:
     return PRESETS[name]
 
 
-# -- cell 175
+# -- cell 182
 import numpy as np
 
 
@@ -231,7 +231,7 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# -- cell 176
+# -- cell 183
 def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
                       max_bytes: float = 2**30) -> dict[str, np.ndarray]:
     """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
@@ -270,7 +270,7 @@ def _rotary(x: np.ndarray) -> np.ndarray:
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
-# -- cell 177
+# -- cell 184
 def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
                   tokens) -> np.ndarray:
     """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
@@ -326,7 +326,7 @@ def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
     return x @ head
 
 
-# -- cell 179
+# -- cell 186
 COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
 ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
 
@@ -354,7 +354,7 @@ def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.nda
     return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
 
 
-# -- cell 180
+# -- cell 187
 def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
                       tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
     """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
@@ -399,7 +399,7 @@ def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], 
     return held
 
 
-# -- cell 182
+# -- cell 189
 def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
     """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
     column-parallel biases split t ways, row-parallel biases and norms whole."""
@@ -434,7 +434,7 @@ def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: 
     return count
 
 
-# -- cell 184
+# -- cell 191
 @dataclass(frozen=True)
 class BytesPerParameter:
     """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
@@ -474,7 +474,7 @@ class MemoryBreakdown:
         return {part: getattr(self, part) / GB for part in parts}
 
 
-# -- cell 185
+# -- cell 192
 def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
                            precision: str = "mixed") -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
@@ -505,7 +505,7 @@ def zero_model_states(n_params: float, dp: int, stage: int) -> float:
     return zero_model_state_bytes(n_params, dp, stage).total
 
 
-# -- cell 187
+# -- cell 194
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -561,7 +561,7 @@ def inflight_microbatches(pp: int, stage: int, microbatches: int,
     return min(chunk_forwards, microbatches * chunks) / chunks
 
 
-# -- cell 189
+# -- cell 196
 DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
 
 
@@ -592,7 +592,7 @@ def _check_layout(layout) -> None:
                              f"pp={layout.pp}, got {layout.microbatches}")
 
 
-# -- cell 190
+# -- cell 197
 @dataclass(frozen=True)
 class Layout:
     """How a model is trained on dp × tp × pp devices.
@@ -649,7 +649,7 @@ class Layout:
                 + "".join(f", {extra}" for extra in extras))
 
 
-# -- cell 191
+# -- cell 198
 def check_chunks(config: TransformerConfig, layout: Layout) -> None:
     """Raise ValueError unless the layout splits the config: `check_split`, and v = chunks
     dividing each stage's layers/pp blocks."""
@@ -702,7 +702,7 @@ def memory_per_rank(config: TransformerConfig, layout: Layout,
     return max(stages, key=lambda breakdown: breakdown.total)
 
 
-# -- cell 193
+# -- cell 200
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -736,7 +736,7 @@ def training_flops(config: TransformerConfig, sequences: int, recompute: str = "
     return sequences * (3 * forward + extra)
 
 
-# -- cell 195
+# -- cell 202
 # The step model's constants, each with its source. The peak FLOP/s and the links are week 3's
 # presets (dsml.net.presets: A100 312 TFLOP/s dense fp16/bf16, NVLink 3 and InfiniBand HDR).
 A100_HBM_BANDWIDTH = 2.039e12   # B/s: NVIDIA A100 datasheet (2021), 80 GB SXM4, HBM2e
@@ -788,7 +788,7 @@ def achieved_fraction(rows: int, inner: int, cols: int, batch: int = 1,
     return 2.0 * batch * rows * inner * cols / (seconds * device_flops)
 
 
-# -- cell 196
+# -- cell 203
 def layer_matmuls(config: TransformerConfig, micro_batch: int, tp: int = 1) -> dict:
     """The matrix products of one transformer layer's forward for one micro-batch on one
     tensor-parallel rank, name → (batch, rows, inner, cols): the T = b·s tokens through the
@@ -830,7 +830,7 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
             "activation": (config.mlp_in_matrices + 1) * a * ffn}
 
 
-# -- cell 198
+# -- cell 205
 def ring_seconds(kind: str, nbytes: float, ranks: int, alpha: float, bandwidth: float) -> float:
     """α–β time of a ring collective over `ranks` ranks on `nbytes` (the whole buffer): an
     all-reduce 2(k−1)α + 2(k−1)/k·n/B, a reduce-scatter or all-gather half that; 0 for k = 1."""
@@ -892,7 +892,7 @@ def stage_microbatch_seconds(config: TransformerConfig, layout: Layout, stage: i
     return {"forward": forward, "backward": backward, "tensor": tensor, "pipeline": pipeline}
 
 
-# -- cell 200
+# -- cell 207
 @dataclass(frozen=True)
 class StepEstimate:
     """The step model's seconds per step, by term, and MFU (model FLOPs per second as a
@@ -945,7 +945,7 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
     return m * exposed          # no gather after the step: the next forward gathers
 
 
-# -- cell 201
+# -- cell 208
 def estimate_step(config: TransformerConfig, layout: Layout,
                   device_flops: float = DEVICES["a100"].flops,
                   intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
@@ -1000,7 +1000,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     return StepEstimate(seconds, compute, bubble, tensor, data, mfu, pipeline, optimizer)
 
 
-# -- cell 203
+# -- cell 210
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout of the search: its memory (the binding rank), its step estimate, and whether
@@ -1015,7 +1015,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# -- cell 204
+# -- cell 211
 def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
                    recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
@@ -1070,7 +1070,7 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     return results
 
 
-# -- cell 205
+# -- cell 212
 def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
     higher MFU than every layout that needs less memory."""
@@ -1082,7 +1082,7 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 231
+# -- cell 238
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline

@@ -183,6 +183,7 @@ class MemoryLedger:
         self.peak = 0
         self.at_peak = dict(self.now)
         self.history = []                     # (event, total bytes) after every change
+        self.gathered_peak = 0                # most bytes held at once in "gathered …" entries
 
     @property
     def total(self) -> int:
@@ -210,12 +211,16 @@ class MemoryLedger:
     def _record(self, event: str) -> None:
         total = self.total
         self.history.append((event, total))
+        gathered = sum(b for k, (_, b) in self.entries.items() if k.startswith("gathered "))
+        self.gathered_peak = max(self.gathered_peak, gathered)
         if total > self.peak:
             self.peak, self.at_peak = total, dict(self.now)
 
     def report(self) -> dict:
-        """{"peak": bytes, "at_peak": {category: bytes}, "now": {category: bytes}}."""
-        return {"peak": self.peak, "at_peak": dict(self.at_peak), "now": dict(self.now)}
+        """{"peak": bytes, "at_peak": {category: bytes}, "now": {category: bytes},
+        "gathered_peak": bytes of gathered layers held at once, at most}."""
+        return {"peak": self.peak, "at_peak": dict(self.at_peak), "now": dict(self.now),
+                "gathered_peak": self.gathered_peak}
 
 
 # -- cell 133
@@ -263,10 +268,16 @@ def optimizer_state_arrays(optimizer) -> list:
 
 
 # -- cell 134
-def check_zero_arguments(stage, model, X, y, optimizer, precision, loss) -> int:
+def check_zero_arguments(stage, model, X, y, optimizer, precision, loss,
+                         prefetch=False) -> int:
     """Every argument of zero_data_parallel that can be checked before training: the stage as
     an int, or a ValueError naming the argument, its value and what is valid."""
     stage = check_zero_stage(stage)
+    if prefetch not in (True, False):
+        raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
+    if prefetch and stage != 3:
+        raise ValueError(f"prefetch=True needs stage 3 (only stage 3 gathers weights), "
+                         f"got stage {stage}")
     check_state_precision(precision)
     check_elementwise_optimizer(optimizer)
     if loss not in LOSSES:
@@ -334,14 +345,30 @@ def _release(state, name) -> None:
         state.ledger.free(f"gathered {name}")
 
 
-def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop):
+def _prefetch(comm, state, i, prefetch):
+    """Generator: with `prefetch`, start all-gathering unit i on a second activity of this rank
+    and answer its handle at once; None when not prefetching or past either end."""
+    if prefetch and 0 <= i < len(state.units):
+        return (yield comm.spawn(_unit_weights(comm, state, state.units[i][0])))
+    return None
+
+
+def _wait(comm, ahead):
+    """Generator: the weights the activity `ahead` gathered (None for no activity)."""
+    return None if ahead is None else (yield comm.join(ahead))
+
+
+def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop, prefetch=False):
     """Generator: the forward pass of this rank's shard, layer by layer (stage 3 gathers each
-    layer just before it is used). Returns (inputs, pre-activations, dL/d output, loss sum)."""
+    layer just before it is used — or, with `prefetch`, during the layer before's compute).
+    Returns (inputs, pre-activations, dL/d output, loss sum)."""
     examples, last_layer = len(shard), len(state.units) - 1
     h = np.asarray(X[shard], dtype=np.float64)
-    inputs, pre = [], []
+    inputs, pre, fetched = [], [], None
     for i, (name, layout) in enumerate(state.units):
-        weights = yield from _unit_weights(comm, state, name)
+        weights = fetched if fetched is not None else (yield from _unit_weights(comm, state,
+                                                                                name))
+        ahead = yield from _prefetch(comm, state, i + 1, prefetch)
         if examples:
             inputs.append(h)
             z, h = fsdp_unit_forward(h, weights, layout, model.activation, i == last_layer)
@@ -351,6 +378,7 @@ def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop):
                                    * seconds_per_flop)
         _release(state, name)
         del weights                               # stage 3: the gathered buffer is gone
+        fetched = yield from _wait(comm, ahead)   # the next layer's weights, if prefetched
     if not examples:
         return inputs, pre, None, 0.0
     value, g = LOSSES[loss](h, np.asarray(y)[shard])
@@ -359,14 +387,17 @@ def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop):
 
 # -- cell 137
 def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
-                   seconds_per_flop):
+                   seconds_per_flop, prefetch=False):
     """Generator: the backward pass, last layer first; each layer's gradient, scaled by
     `factor`, is reduced the moment it exists — all-reduced (stage 0), reduce-scattered into the
-    whole buffer (stage 1) or out of a bucket freed at once (stages 2–3)."""
-    stage, last_layer = state.stage, len(state.units) - 1
+    whole buffer (stage 1) or out of a bucket freed at once (stages 2–3). With `prefetch`, the
+    layer below is gathered during this layer's compute, and waited for before the reduction."""
+    stage, last_layer, fetched = state.stage, len(state.units) - 1, None
     for i in reversed(range(len(state.units))):
         name, layout = state.units[i]
-        weights = yield from _unit_weights(comm, state, name)
+        weights = fetched if fetched is not None else (yield from _unit_weights(comm, state,
+                                                                                name))
+        ahead = yield from _prefetch(comm, state, i - 1, prefetch)
         if stage <= 1:
             bucket = state.grads[name]            # the full-size gradient buffer
         else:
@@ -384,6 +415,7 @@ def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
             bucket[...] = 0                       # an empty shard adds nothing to the sums
         _release(state, name)
         del weights
+        fetched = yield from _wait(comm, ahead)   # one collective at a time on this rank
         if stage == 0:
             state.grads[name][...] = yield from allreduce(comm, bucket, algorithm="ring")
         else:
@@ -426,7 +458,7 @@ def _zero_update(comm, state, opt, spec, step):
 # -- cell 139
 def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1e-3,
                        precision="mixed", loss="cross_entropy", seconds_per_flop: float = 0.0,
-                       **hyper):
+                       prefetch: bool = False, **hyper):
     """Rank program (run it with dsml.run): data-parallel training of `model` (a dsml.train.MLP,
     only read: it supplies the architecture and initial weights) under ZeRO `stage`.
 
@@ -444,10 +476,11 @@ def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1
       before forward uses it, freed after, gathered again for backward.
     Every stage reduces each element in the same ring order, so the updates are bit-identical.
     `seconds_per_flop` charges simulated compute (2·B·in·out forward, 4·B·in·out backward).
+    `prefetch` (stage 3): gather the next layer on a second activity while this one computes.
     Returns {"params": {unit: weights held (full, or the piece in stage 3)}, "master": {unit:
     the optimizer's copy} or None, "loss_sums": [this rank's loss × its examples, per step],
     "memory": MemoryLedger.report()}."""
-    stage = check_zero_arguments(stage, model, X, y, optimizer, precision, loss)
+    stage = check_zero_arguments(stage, model, X, y, optimizer, precision, loss, prefetch)
     spec = check_state_precision(precision)
     state = _zero_state(comm, stage, model, spec, MemoryLedger())
     opt = make_optimizer(optimizer, lr, **hyper)
@@ -457,10 +490,11 @@ def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1
         # This shard's share of the batch mean, and the loss scale, applied before rounding.
         factor = len(shard) / len(batch) * spec.loss_scale
         inputs, pre, g, loss_sum = yield from _zero_forward(comm, state, model, X, y, shard,
-                                                             loss, seconds_per_flop)
+                                                             loss, seconds_per_flop,
+                                                             prefetch)
         loss_sums.append(loss_sum)
         yield from _zero_backward(comm, state, model, spec, inputs, pre, g, len(shard), factor,
-                                  seconds_per_flop)
+                                  seconds_per_flop, prefetch)
         yield from _zero_update(comm, state, opt, spec, step)
     return {"params": state.params, "master": state.master or None, "loss_sums": loss_sums,
             "memory": state.ledger.report()}
@@ -504,13 +538,16 @@ class ZeroRun:
 def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = "sim",
                network=None, optimizer: str = "adam", lr: float = 1e-3, precision="mixed",
                loss: str = "cross_entropy", seconds_per_flop: float = 0.0,
-               timeout: float = 120.0, **hyper) -> ZeroRun:
+               prefetch: bool = False, timeout: float = 120.0, **hyper) -> ZeroRun:
     """Run zero_data_parallel on `world_size` ranks of `engine` (network: the simulator's model)
     and assemble the result (ZeroRun). `model` is only read."""
-    stage = check_zero_arguments(stage, model, X, y, optimizer, precision, loss)
+    stage = check_zero_arguments(stage, model, X, y, optimizer, precision, loss, prefetch)
+    if prefetch and engine != "sim":
+        raise ValueError(f"prefetch runs on engine 'sim' only (second activities are "
+                         f"simulated), got engine {engine!r}")
     batches = list(batches)
     kwargs = dict(optimizer=optimizer, lr=lr, precision=precision, loss=loss,
-                  seconds_per_flop=seconds_per_flop, **hyper)
+                  seconds_per_flop=seconds_per_flop, prefetch=prefetch, **hyper)
     result = run(zero_data_parallel, world_size, engine=engine, network=network, trace=True,
                  timeout=timeout, args=(stage, model, X, y, batches), kwargs=kwargs)
     values = result.values
@@ -539,3 +576,35 @@ def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = 
                    losses=losses, memory=[v["memory"] for v in values], bytes_sent=sent,
                    bytes_per_step=sent / max(len(batches), 1), replicas_agree=agree,
                    time=result.time, trace=result.trace)
+
+
+# -- cell 165
+def fsdp_layer_seconds(model, world_size: int, link, examples: int, seconds_per_flop: float,
+                       param_bytes: float = 2, grad_bytes: float = 2) -> dict:
+    """α–β seconds of each layer of `model` in a stage-3 step on `world_size` ranks with
+    `examples` examples each: {"gather", "scatter", "forward", "backward"}: lists in forward
+    order. A ring step costs α + β · (largest piece's bytes); a ring has N_d − 1 steps."""
+    if world_size < 1 or examples < 0 or seconds_per_flop < 0:
+        raise ValueError(f"need world_size ≥ 1, examples ≥ 0, seconds_per_flop ≥ 0; got "
+                         f"{world_size}, {examples}, {seconds_per_flop}")
+    seconds = {"gather": [], "scatter": [], "forward": [], "backward": []}
+    for fan_in, fan_out in zip(model.sizes[:-1], model.sizes[1:]):
+        piece = -(-(fan_in + 1) * fan_out // world_size)           # np.array_split's largest
+        for key, nbytes in (("gather", param_bytes), ("scatter", grad_bytes)):
+            step = link.alpha + link.beta * piece * nbytes
+            seconds[key].append((world_size - 1) * step)
+        seconds["forward"].append(2 * examples * fan_in * fan_out * seconds_per_flop)
+        seconds["backward"].append(4 * examples * fan_in * fan_out * seconds_per_flop)
+    return seconds
+
+
+def fsdp_step_prediction(seconds: dict, prefetch: bool) -> float:
+    """Seconds of one stage-3 step from fsdp_layer_seconds: nothing overlapped, or (prefetch)
+    each gather but the first of a pass overlapped with the compute of the layer before it."""
+    g, s, f, b = (seconds[key] for key in ("gather", "scatter", "forward", "backward"))
+    last = len(g) - 1
+    if not prefetch:
+        return sum(g) + sum(f) + sum(g) + sum(b) + sum(s)
+    forward = g[0] + sum(max(f[i], g[i + 1]) for i in range(last)) + f[last]
+    backward = g[last] + sum(max(b[i], g[i - 1]) + s[i] for i in range(last, 0, -1))
+    return forward + backward + b[0] + s[0]

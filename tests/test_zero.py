@@ -13,7 +13,8 @@ from dsml.train import MLP
 from dsml.train.data import batch_indices, teacher_classes
 from dsml.train.models import loss_and_grads
 from dsml.train.optim import make_optimizer
-from dsml.zero import (LEDGER_CATEGORIES, ZERO_STAGES, MemoryLedger, fsdp_units,
+from dsml.zero import (LEDGER_CATEGORIES, ZERO_STAGES, MemoryLedger, fsdp_layer_seconds,
+                       fsdp_step_prediction, fsdp_units,
                        state_bytes_per_parameter, trace_bytes_sent, zero_comm_formula,
                        zero_data_parallel, zero_memory_formula, zero_train)
 
@@ -398,3 +399,87 @@ def test_fp16_overflow_stops_training_with_a_clear_error():
     model, X, y, batches = problem(SIZES)
     with pytest.raises(RankError, match="non-finite gradient in layer.*lower the loss scale"):
         zero_train(3, model, X * 1e9, y, batches, 2, network=LINK)
+
+
+# -- stage 3 with prefetch (FSDP's one layer ahead) ---------------------------------------------
+
+def timed(world_size, seconds_per_flop, prefetch, steps=1):
+    model, X, y, batches = problem(SIZES, batch=12, steps=steps)
+    return zero_train(3, model, X, y, batches, world_size, network=LINK, lr=LR,
+                      seconds_per_flop=seconds_per_flop, prefetch=prefetch)
+
+
+@pytest.mark.parametrize("precision", ["mixed", "fp64"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("sizes", [SIZES, ODD_SIZES])
+def test_prefetch_keeps_the_updates_bit_identical_to_plain_data_parallel(precision, world_size,
+                                                                         sizes):
+    plain = train(0, world_size, sizes, precision)
+    for seconds_per_flop in (0.0, 1e-9):
+        ahead = train(3, world_size, sizes, precision, prefetch=True,
+                      seconds_per_flop=seconds_per_flop)
+        assert_same_bits(ahead, plain)
+        assert np.array_equal(ahead.bytes_sent, train(3, world_size, sizes, precision).bytes_sent)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("seconds_per_flop", [2e-9, 1e-10, 0.0])
+def test_step_time_equals_the_alpha_beta_prediction_with_and_without_prefetch(world_size,
+                                                                            seconds_per_flop):
+    model = problem(SIZES)[0]
+    seconds = fsdp_layer_seconds(model, world_size, LINK, 12 // world_size, seconds_per_flop)
+    for prefetch in (False, True):
+        for steps in (1, 3):
+            measured = timed(world_size, seconds_per_flop, prefetch, steps).time
+            assert measured == pytest.approx(steps * fsdp_step_prediction(seconds, prefetch),
+                                             rel=1e-9)
+
+
+def test_prefetch_hides_the_gathers_when_compute_dominates_and_the_compute_when_not():
+    model = problem(SIZES)[0]
+    for per_flop in (1e-8, 1e-11):
+        seconds = fsdp_layer_seconds(model, 4, LINK, 3, per_flop)
+        g, f, b = seconds["gather"], seconds["forward"], seconds["backward"]
+        saved = timed(4, per_flop, False).time - timed(4, per_flop, True).time
+        if per_flop == 1e-8:     # every gather is shorter than the compute it runs beside
+            assert all(g[i + 1] < f[i] for i in range(len(g) - 1))
+            assert all(g[i - 1] < b[i] for i in range(1, len(g)))
+            assert saved == pytest.approx(2 * sum(g) - g[0] - g[-1], rel=1e-9)
+        else:                    # every gather is longer: the compute hides instead
+            assert max(max(f), max(b)) < min(g)
+            assert saved == pytest.approx(sum(f) + sum(b) - f[-1] - b[0], rel=1e-9)
+        assert saved > 0
+
+
+def test_with_prefetch_a_gather_runs_during_compute_on_the_same_rank():
+    trace = timed(3, 2e-9, True).trace
+    computes = [r for r in trace.of_rank(0) if r.op == "compute"]
+    exchanges = [r for r in trace.of_rank(0) if r.op == "sendrecv"]
+    overlapping = [e for e in exchanges
+                   if any(c.start <= e.start < c.end for c in computes)]
+    assert len(overlapping) == 2 * 2 * (3 - 1)      # 2 layers ahead per pass, 2 ring steps
+    plain = timed(3, 2e-9, False).trace
+    assert not any(c.start <= e.start < c.end for c in plain.of_rank(0) if c.op == "compute"
+                   for e in plain.of_rank(0) if e.op == "sendrecv")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_prefetch_holds_two_gathered_layers_instead_of_one(world_size):
+    layer_bytes = [2 * n for n in layer_sizes(SIZES)]                   # fp16 weights
+    plain = timed(world_size, 1e-9, False).memory
+    ahead = timed(world_size, 1e-9, True).memory
+    assert {m["gathered_peak"] for m in plain} == {max(layer_bytes)}
+    assert {m["gathered_peak"] for m in ahead} == {max(a + b for a, b in
+                                                       zip(layer_bytes, layer_bytes[1:]))}
+
+
+def test_prefetch_arguments_are_checked():
+    model, X, y, batches = problem(SIZES)
+    with pytest.raises(ValueError, match="prefetch=True needs stage 3.*got stage 2"):
+        zero_train(2, model, X, y, batches, 2, network=LINK, prefetch=True)
+    with pytest.raises(ValueError, match="prefetch must be True or False, got 'yes'"):
+        zero_train(3, model, X, y, batches, 2, network=LINK, prefetch="yes")
+    with pytest.raises(ValueError, match="prefetch runs on engine 'sim' only.*'threads'"):
+        zero_train(3, model, X, y, batches, 2, engine="threads", prefetch=True)
+    with pytest.raises(ValueError, match="need world_size ≥ 1"):
+        fsdp_layer_seconds(model, 0, LINK, 4, 1e-9)
