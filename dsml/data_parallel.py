@@ -280,7 +280,9 @@ def _reduce_bucket(comm, earlier, grads, algorithm):
     return done + [total]
 
 
-def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str = "ring"):
+# -- cell 54
+def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str = "ring",
+                  contention: float = 0.0):
     """Rank program body: sum gradients over the ranks bucket by bucket, as backward produces them.
 
     `produced` yields (name, gradient, seconds): each gradient (an array, or a SizeOnly for
@@ -288,12 +290,18 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     (simulated; 0 on real engines, where the computing is the code that made it). `buckets`
     come from assign_buckets and must fill in order. A bucket is all-reduced the moment its
     last gradient is in: with `overlap`, on a second activity while backward goes on;
-    without, before backward goes on. Returns {name: summed gradient}."""
+    without, before backward goes on. `contention` (section 10, "Overlap is not free") slows
+    the compute while an all-reduce is in flight (see compute_sharing). Returns
+    {name: summed gradient}."""
+    if not 0 <= contention < 1:
+        raise ValueError(f"contention must be in [0, 1), got {contention}")
     bucket_of = {name: k for k, names in enumerate(buckets) for name in names}
     missing = [len(names) for names in buckets]
     held, pending, results, next_bucket = {}, None, [], 0
     for name, gradient, seconds in produced:
-        if seconds:
+        if seconds and contention:
+            yield from compute_sharing(comm, seconds, pending, contention)
+        elif seconds:
             yield comm.compute(seconds)
         if name not in bucket_of or name in held:
             raise ValueError(f"rank {comm.rank}: gradient {name!r} is "
@@ -324,7 +332,7 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 55
+# -- cell 56
 from dsml.train.models import LOSSES
 
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
@@ -379,3 +387,24 @@ def _shard_gradient_sums(model, X, y, loss, seconds_per_flop):
         # A weight's gradient and the input gradient through it: 2 × 2·n·size FLOPs; a bias: n·size.
         flop = (4 if gradient.ndim == 2 else 1) * n * gradient.size
         yield name, gradient * n, flop * seconds_per_flop
+
+
+# -- cell 69
+import math
+
+SLICE_SECONDS = 10e-6    # compute_sharing's slice: the resolution of the slow-down
+
+
+def compute_sharing(comm, seconds, activity, contention, slice_seconds=SLICE_SECONDS):
+    """Rank program body: `seconds` of compute (at full speed) issued in equal slices of at most
+    `slice_seconds`; a slice that starts while `activity` (a handle from comm.spawn, or None)
+    still runs takes 1/(1 − contention) as long, the share of the device that communication
+    kernels take from compute. Read from the handle before each slice, so a slice that straddles
+    the activity's end is charged whole."""
+    if not 0 <= contention < 1 or not slice_seconds > 0:
+        raise ValueError(f"need contention in [0, 1) and slice_seconds > 0, got contention="
+                         f"{contention}, slice_seconds={slice_seconds}")
+    slices = max(1, math.ceil(seconds / slice_seconds))
+    for _ in range(slices):
+        busy = activity is not None and not activity.done
+        yield comm.compute(seconds / slices / (1 - contention) if busy else seconds / slices)

@@ -15,7 +15,8 @@ import dsml
 from dsml import RankError
 from dsml.collectives import cost
 from dsml.comm.api import SizeOnly
-from dsml.data_parallel import LOSS, assign_buckets, ddp_allreduce, ddp_sgd
+from dsml.data_parallel import (LOSS, SLICE_SECONDS, assign_buckets, compute_sharing, ddp_allreduce,
+                                ddp_sgd)
 from dsml.net import presets
 from dsml.train import MLP
 from leaks import nothing_left_behind  # noqa: F401
@@ -240,6 +241,81 @@ def test_one_bucket_overlapped_is_no_overlap_and_overlap_never_hurts():
         overlapped = _ddp_time(profile, cap, p, network, 1e-3, True)[0]
         assert compute <= overlapped
         assert overlapped <= _ddp_time(profile, cap, p, network, 1e-3, False)[0]
+
+
+# --- contention: compute slowed while an all-reduce is in flight ------------------------------
+
+def _contended_time(profile, cap, p, network, forward, contention, overlap=True):
+    buckets = assign_buckets([(n, b) for n, b, _ in reversed(profile)], cap)
+
+    def step(comm):
+        yield comm.compute(forward)
+        yield from ddp_allreduce(comm, ((n, SizeOnly(b), s) for n, b, s in profile), buckets,
+                                 overlap, contention=contention)
+    return dsml.run(step, p, network=network, trace=False).time
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("cap", [0, 20_000, INF])
+def test_contention_zero_is_todays_step_exactly(seed, cap):
+    p, network = 4, dsml.net.AlphaBeta(alpha=3e-6, beta=1 / 10e9)
+    profile = _random_profile(seed, p)
+    today = _ddp_time(profile, cap, p, network, 1e-3, True)[0]
+    assert _contended_time(profile, cap, p, network, 1e-3, 0.0) == today
+
+
+def test_contention_slows_the_compute_that_runs_beside_an_all_reduce_by_hand():
+    # Bucket "a" (0.5 MB) is all-reduced for T_a = 2α + 0.5 ms while "b"'s 1 ms of compute runs
+    # in 10 µs slices: the 26 slices that start before T_a = 514 µs take 20 µs each at c = 0.5,
+    # the other 74 take 10 µs.
+    network, c = dsml.net.AlphaBeta(alpha=7e-6, beta=1e-9), 0.5
+    profile = [("a", 500_000, 1e-4), ("b", 8, 1e-3)]
+    t_a = cost("allreduce", "ring", 2, 500_000, network.alpha, network.beta)
+    slowed = math.ceil(t_a / (SLICE_SECONDS / (1 - c)))
+    assert slowed == 26
+    b_done = 1e-4 + slowed * SLICE_SECONDS / (1 - c) + (100 - slowed) * SLICE_SECONDS
+    expected = b_done + cost("allreduce", "ring", 2, 8, network.alpha, network.beta)
+    assert math.isclose(_contended_time(profile, 0, 2, network, 0.0, c), expected, rel_tol=1e-9)
+    free = 1e-4 + max(t_a, 1e-3) + cost("allreduce", "ring", 2, 8, network.alpha, network.beta)
+    assert math.isclose(_contended_time(profile, 0, 2, network, 0.0, 0.0), free, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_contention_costs_at_most_the_stretch_of_backward_and_nothing_without_overlap(seed):
+    p, network, c = 4, dsml.net.AlphaBeta(alpha=3e-6, beta=1 / 10e9), 0.3
+    profile = _random_profile(seed, p, tensors=20)
+    backward = sum(s for _, _, s in profile)
+    for cap in (0, 20_000, 100_000):
+        free = _contended_time(profile, cap, p, network, 1e-3, 0.0)
+        shared = _contended_time(profile, cap, p, network, 1e-3, c)
+        assert free - 1e-12 <= shared <= free + backward * c / (1 - c) + 1e-12
+    serial = _contended_time(profile, INF, p, network, 1e-3, 0.0, overlap=False)
+    assert math.isclose(_contended_time(profile, INF, p, network, 1e-3, c, overlap=False), serial,
+                        rel_tol=1e-12)          # nothing in flight while backward computes
+
+
+def test_contention_makes_a_step_slower_when_compute_overlaps_communication():
+    p, network = 4, dsml.net.AlphaBeta(alpha=3e-6, beta=1 / 10e9)
+    # Ten tensors of 100 µs compute; each bucket's all-reduce (30 µs) runs beside the next
+    # tensor's compute, which is the critical path: the step grows by at least c × 9 × 30 µs.
+    profile = [(f"t{i}", 80_000, 1e-4) for i in range(10)]
+    beside = 9 * cost("allreduce", "ring", p, 80_000, network.alpha, network.beta)
+    assert beside < 9e-4
+    free = _contended_time(profile, 0, p, network, 1e-3, 0.0)
+    assert _contended_time(profile, 0, p, network, 1e-3, 0.2) - free >= 0.2 * beside - 1e-12
+
+
+@pytest.mark.parametrize("contention", [-0.1, 1.0, float("nan")])
+def test_contention_outside_zero_to_one_is_an_error_naming_it(contention):
+    def program(comm):
+        return (yield from ddp_allreduce(comm, _produce(["x"]), [["x"]], contention=contention))
+    with pytest.raises(RankError, match=r"contention must be in \[0, 1\)"):
+        dsml.run(program, 2, network=NET)
+
+
+def test_compute_sharing_refuses_a_slice_that_is_not_positive():
+    with pytest.raises(ValueError, match="slice_seconds > 0"):
+        next(compute_sharing(None, 1e-3, None, 0.2, slice_seconds=0.0))
 
 
 def test_resnet50_counted_layer_by_layer_matches_torchvision():

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 99
+# -- cell 104
 import numpy as np
 
 ACTIVATIONS = ("relu", "tanh", None)
@@ -97,7 +97,7 @@ def activation_derivative(z, activation):
     return np.ones_like(z)
 
 
-# -- cell 100
+# -- cell 105
 def softmax_cross_entropy(logits, y):
     """Mean cross-entropy of integer labels y under softmax(logits), and its gradient."""
     logits = np.asarray(logits, dtype=np.float64)

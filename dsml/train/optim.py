@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 104
+# -- cell 109
 import numpy as np
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb")
