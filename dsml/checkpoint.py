@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 56
+# -- cell 58
 import contextlib
 import hashlib
 import numbers
@@ -47,7 +47,7 @@ def write_atomically(path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
-# -- cell 58
+# -- cell 60
 from dsml.train.data import batch_indices
 
 
@@ -63,7 +63,7 @@ def _check_count(name, value, least):
     return int(value)
 
 
-# -- cell 59
+# -- cell 61
 class ShuffledBatches:
     """Mini-batches of (X, y): every example once an epoch, in a fresh seeded order each epoch,
     the last batch of an epoch smaller when batch_size does not divide len(X). `position()` is
@@ -107,7 +107,7 @@ class ShuffledBatches:
                 "examples": len(self.X), "batch_size": self.batch_size}
 
 
-# -- cell 60
+# -- cell 62
 from dsml.utils import add_to_class
 
 
@@ -134,7 +134,7 @@ def seek(self, position: dict) -> None:
     self.epoch, self.index = int(position["epoch"]), int(position["index"])
 
 
-# -- cell 62
+# -- cell 64
 HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "betas", "eps", "trust_coefficient")
 
 
@@ -187,7 +187,7 @@ def capture_state(step: int, model, optimizer, rng, data, losses=()) -> Training
     return TrainingState(step, arrays, meta)
 
 
-# -- cell 64
+# -- cell 66
 def read_checkpoint(path) -> TrainingState:
     """Load and verify the checkpoint directory `path`, in the order a damaged one fails: its
     manifest (present, and of the right form: read_manifest), the data file's length (a
@@ -212,7 +212,7 @@ def read_checkpoint(path) -> TrainingState:
     return TrainingState(manifest["step"], arrays, meta)
 
 
-# -- cell 66
+# -- cell 68
 def _check_parts(parts) -> tuple:
     parts = tuple(parts)
     unknown = [part for part in parts if part not in PARTS]
@@ -265,7 +265,7 @@ def _optimizer_mismatches(state, optimizer, model) -> list:
     return problems
 
 
-# -- cell 67
+# -- cell 69
 def restore(state: TrainingState, model, optimizer, rng, data, parts=PARTS) -> None:
     """Put `state` back into `model`, `optimizer`, `rng` and `data` (those named in `parts`),
     after checking that it fits them all; IncompatibleCheckpoint naming every mismatch if not."""
@@ -310,7 +310,7 @@ def _restore_optimizer(state, optimizer) -> None:
         setattr(optimizer, key, tuple(value) if isinstance(value, list) else value)
 
 
-# -- cell 69
+# -- cell 71
 from dsml.utils import add_to_class
 
 STEP_DIRECTORY = re.compile(r"^step_(\d+)$")
@@ -359,7 +359,7 @@ class CheckpointManager:
         return self.write(capture_state(step, model, optimizer, rng, data, losses))
 
 
-# -- cell 70
+# -- cell 72
 @add_to_class(CheckpointManager)
 def write(self, state: TrainingState) -> Path:
     """Write `state` as step_<state.step>: into a staging directory (the data file, then the
@@ -408,7 +408,7 @@ def publish(self, staging: Path, path: Path) -> None:
         remove_tree(retired)
 
 
-# -- cell 71
+# -- cell 73
 @add_to_class(CheckpointManager)
 def recover(self) -> None:
     """Put back a checkpoint that a killed re-save had renamed aside and not yet replaced."""
@@ -452,7 +452,7 @@ def rotate(self) -> list:
     return removed
 
 
-# -- cell 73
+# -- cell 75
 @add_to_class(CheckpointManager)
 def latest(self) -> tuple:
     """(the newest checkpoint that verifies, notes on the newer ones skipped): (None, notes)
@@ -493,7 +493,7 @@ def restore_latest(self, model, optimizer, rng, data, parts=PARTS) -> tuple:
     return state, notes
 
 
-# -- cell 75
+# -- cell 77
 @add_to_class(CheckpointManager)
 def save_async(self, step: int, model, optimizer, rng, data, losses=()) -> None:
     """Snapshot the state now, write it in a background thread (after the previous one)."""
@@ -523,7 +523,7 @@ def wait(self) -> None:
         raise error
 
 
-# -- cell 77
+# -- cell 79
 from dsml.train.models import loss_and_grads
 
 
@@ -549,7 +549,7 @@ class TrainResult:
     saved: list
 
 
-# -- cell 78
+# -- cell 80
 def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_every: int = 0,
           resume: bool = True, asynchronous: bool = False, input_noise: float = 0.0,
           loss: str = "cross_entropy", crash_at=None, resume_parts=PARTS) -> TrainResult:
@@ -595,7 +595,7 @@ def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_e
     return TrainResult(losses, resumed_from, notes, saved)
 
 
-# -- cell 96
+# -- cell 98
 from dsml.checkpoint_format import (encode_shard, read_shard, read_sharded_manifest, shard_file,
                                     sharded_manifest)
 from dsml.data_parallel import shard_bounds

@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 107
+# -- cell 109
 import copy
 import zlib
 
@@ -60,7 +60,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
     return batch * members, lr * members / initial_members
 
 
-# -- cell 108
+# -- cell 110
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
@@ -92,7 +92,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 110
+# -- cell 112
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -150,7 +150,7 @@ class ElasticRank:
             yield self.comm.compute(self.detect)
 
 
-# -- cell 111
+# -- cell 113
 @add_to_class(ElasticRank)
 def candidate(self) -> int:
     """The most senior rank not known dead that this rank can see: its members (a member),
@@ -168,7 +168,7 @@ def joiners_due(self, step: int) -> list:
             and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
 
-# -- cell 113
+# -- cell 115
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -210,7 +210,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 114
+# -- cell 116
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -261,7 +261,7 @@ def train_step(self):
     return None
 
 
-# -- cell 116
+# -- cell 118
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -320,7 +320,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 118
+# -- cell 120
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -347,7 +347,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 119
+# -- cell 121
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -386,7 +386,7 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 120
+# -- cell 122
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect the reports, choose the state to resume from, and send
@@ -434,7 +434,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 121
+# -- cell 123
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -456,7 +456,7 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 123
+# -- cell 125
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -501,7 +501,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 124
+# -- cell 126
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -527,7 +527,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 126
+# -- cell 128
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -565,7 +565,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 150
+# -- cell 152
 HEARTBEAT_TAG = 41
 
 
@@ -586,7 +586,7 @@ def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
     return "finished"
 
 
-# -- cell 151
+# -- cell 153
 def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
     """Rank program: the failure detector and membership. One listener activity per worker
     notes when its heartbeats arrive; every `check_every` s the monitor suspects each member

@@ -397,7 +397,7 @@ def checkpointed_job(comm, work: float, interval: float, checkpoint_cost: float,
 from dsml.fault_batch import simulate_checkpointed_jobs
 
 
-# -- cell 47
+# -- cell 49
 LLAMA3_INTERRUPTIONS = {
     "days": 54, "gpus": 16384, "total": 466, "planned": 47, "unexpected": 419,
     "hardware_share_of_unexpected": 0.78,

@@ -14,9 +14,9 @@ from dsml.comm.run import run
 from dsml.compression import (Compressed, Dense, ErrorFeedback, MajorityVote, PowerSGD, QSGD,
                               RandomK, Sign, TopK, breakeven_bandwidth,
                               compressed_data_parallel_sgd, exchange_time, gradient_shapes, pack,
-                              qsgd, qsgd_variance, qsgd_variance_bound, time_compressor,
-                              trace_bytes_sent, unpack)
-from dsml.data_parallel import train_single
+                              overlapped_step_time, qsgd, qsgd_variance, qsgd_variance_bound,
+                              time_compressor, trace_bytes_sent, unpack)
+from dsml.data_parallel import ddp_allreduce, train_single
 from dsml.net import AlphaBeta
 from dsml.train import MLP, digits
 from dsml.train.data import batch_indices
@@ -408,3 +408,42 @@ def test_error_feedback_refuses_a_vector_of_another_length():
     ef.compress(np.ones(5))
     with pytest.raises(ValueError, match="x has 4 elements but the residual has 5"):
         ef.compress(np.ones(4))
+
+
+def _ddp_sizes(comm, nbytes, slice_seconds):
+    produced = ((f"g{i}", SizeOnly(int(b)), slice_seconds) for i, b in enumerate(nbytes))
+    yield from ddp_allreduce(comm, produced, [[f"g{i}"] for i in range(len(nbytes))])
+
+
+@pytest.mark.parametrize("backward", [0.0, 1e-4, 3e-3, 0.1])
+@pytest.mark.parametrize("buckets", [1, 3, 5])
+def test_overlapped_step_time_matches_bucketed_ddp_on_the_simulator(backward, buckets):
+    world, nbytes = 4, [2**20] * buckets
+    comm = exchange_time(world, [nbytes[0]], NET.alpha, NET.beta)
+    simulated = run(_ddp_sizes, world, network=NET, trace=False,
+                    args=(nbytes, backward / buckets)).time
+    assert math.isclose(simulated, overlapped_step_time(backward, [comm] * buckets),
+                        rel_tol=1e-6, abs_tol=1e-12)
+
+
+def test_overlapped_step_time_hides_only_what_backward_covers():
+    # Communication-bound: first slice + every exchange; compute-bound: backward + last exchange.
+    assert math.isclose(overlapped_step_time(1.0, [2.0] * 4), 0.25 + 8.0)
+    assert math.isclose(overlapped_step_time(8.0, [0.5] * 4), 8.0 + 0.5)
+    # The codec lengthens backward's slices; it never overlaps with backward.
+    assert math.isclose(overlapped_step_time(8.0, [0.5] * 4, codec_seconds=4.0), 12.5)
+    # Uneven exchanges wait for the link: the last bucket is ready at 2 s but starts only when
+    # the long exchange of the second (ready at 4/3 s) ends.
+    assert math.isclose(overlapped_step_time(2.0, [0.1, 3.0, 0.1]), 4 / 3 + 3.0 + 0.1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"backward_seconds": -1.0, "bucket_comm_seconds": [1.0]}, "backward_seconds"),
+    ({"backward_seconds": 1.0, "bucket_comm_seconds": []}, "bucket_comm_seconds"),
+    ({"backward_seconds": 1.0, "bucket_comm_seconds": [1.0, -1.0]}, "bucket_comm_seconds"),
+    ({"backward_seconds": 1.0, "bucket_comm_seconds": [1.0], "codec_seconds": -2.0},
+     "codec_seconds"),
+])
+def test_overlapped_step_time_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        overlapped_step_time(**kwargs)
