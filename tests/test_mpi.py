@@ -243,7 +243,7 @@ def test_outside_a_job_the_error_says_how_to_launch():
 def test_the_cli_outside_a_job_says_how_to_launch(capsys):
     assert cli_main(["bench", "allreduce", "--engine", "mpi", "-p", "2", "-e", "8"]) == 2
     err = capsys.readouterr().err
-    assert "dsml: error: engine='mpi' runs inside an MPI job" in err
+    assert "dsml: error: --engine mpi runs inside an MPI job" in err
     assert "`mpiexec -n 2 python your_script.py`" in err
 
 
