@@ -673,7 +673,7 @@ class SequenceParallelBlock(TensorParallelBlock):
 
 
 # -- cell 61
-from dsml.train.transformer import held_bytes
+from dsml.train.transformer import arrays_in, held_bytes
 
 
 def activations_held(block) -> int:
@@ -681,15 +681,7 @@ def activations_held(block) -> int:
     forward and backward: its LayerNorm caches and every sub-layer's, parameters left out."""
     keep = [block._cache[:2], block.attention._cache, block.attention.qkv._x,
             block.attention.proj._x, block.mlp._pre, block.mlp.fc._x, block.mlp.proj._x]
-    params = {id(value) for value in block.ln.values()}
-    flat, stack = [], list(keep)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, tuple):
-            stack.extend(item)
-        elif isinstance(item, np.ndarray) and id(item) not in params:
-            flat.append(item)
-    return held_bytes(flat)
+    return held_bytes(arrays_in(keep, block.ln))
 
 
 def parallel_block_step(comm, params: dict, heads: int, x, dout, sequence_parallel=True,

@@ -250,17 +250,23 @@ def held_bytes(arrays) -> int:
     return sum(buffers.values())
 
 
-def _activations(block) -> list:
-    """The arrays a block's cache keeps between forward and backward, parameters left out."""
-    params = {id(value) for value in block.params.values()}
-    flat, stack = [], [block._cache]
+def arrays_in(kept, params) -> list:
+    """The arrays inside `kept` (arrays and nested tuples of them), the arrays of `params`
+    (a dict of parameters) left out."""
+    skip = {id(value) for value in params.values()}
+    flat, stack = [], list(kept)
     while stack:
         item = stack.pop()
         if isinstance(item, tuple):
             stack.extend(item)
-        elif isinstance(item, np.ndarray) and id(item) not in params:
+        elif isinstance(item, np.ndarray) and id(item) not in skip:
             flat.append(item)
     return flat
+
+
+def _activations(block) -> list:
+    """The arrays a block's cache keeps between forward and backward, parameters left out."""
+    return arrays_in([block._cache], block.params)
 
 
 def recomputed_step(block, x, dout, recompute: str = "none"):
