@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 10
+# -- cell 11
 import numpy as np
 
 from dsml.collectives import allreduce
@@ -47,6 +47,7 @@ def unflatten(vector, layout):
     return grads
 
 
+# -- cell 12
 def _check_finite(step, loss, grads):
     # Gradients first, in forward order: they name the layer to look at. The loss only when it
     # alone is bad (every parameter frozen, or a loss that overflowed while its gradients did not).
@@ -96,7 +97,7 @@ def train_single(model, optimizer, X, y, batches, loss="cross_entropy"):
     return losses
 
 
-# -- cell 15
+# -- cell 17
 from dsml.collectives import broadcast
 
 
@@ -153,7 +154,7 @@ def join_sgd(comm, model, optimizer, X, y, my_batches, loss="cross_entropy"):
         step += 1
 
 
-# -- cell 19
+# -- cell 21
 def accumulated_grads(model, X, y, batch, micro_batch: int, loss="cross_entropy"):
     """(loss, gradients) of the whole `batch`, computed in micro-batches of `micro_batch`
     examples and accumulated as a size-weighted mean — equal to one pass over the batch."""
@@ -183,7 +184,7 @@ def activation_bytes(model) -> int:
     return sum(a.nbytes for a in inputs) + sum(z.nbytes for z in pre)
 
 
-# -- cell 35
+# -- cell 37
 def gradient_noise_scale(model, X, y, rng, small: int = 32, big: int = 2048, repeats: int = 20,
                          loss="cross_entropy"):
     """McCandlish et al.'s *simplified* noise scale B_simple = tr(Σ)/|G|² at the model's current
@@ -245,7 +246,7 @@ def hessian_noise_scale(model, X, y, rng, small: int = 32, repeats: int = 16,
     return trace / curvature, curvature, trace
 
 
-# -- cell 53
+# -- cell 57
 from dsml.comm.api import SizeOnly
 
 
@@ -280,7 +281,7 @@ def _reduce_bucket(comm, earlier, grads, algorithm):
     return done + [total]
 
 
-# -- cell 54
+# -- cell 58
 def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str = "ring",
                   contention: float = 0.0):
     """Rank program body: sum gradients over the ranks bucket by bucket, as backward produces them.
@@ -332,7 +333,7 @@ def ddp_allreduce(comm, produced, buckets, overlap: bool = True, algorithm: str 
     return summed
 
 
-# -- cell 56
+# -- cell 60
 from dsml.train.models import LOSSES
 
 LOSS = "(loss)"          # the name the loss sum travels under, in the first bucket
@@ -389,7 +390,7 @@ def _shard_gradient_sums(model, X, y, loss, seconds_per_flop):
         yield name, gradient * n, flop * seconds_per_flop
 
 
-# -- cell 69
+# -- cell 74
 import math
 
 SLICE_SECONDS = 10e-6    # compute_sharing's slice: the resolution of the slow-down

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 48
+# -- cell 51
 import types
 
 from dsml.comm.api import ADDED_REQUESTS, Comm, Request
@@ -55,6 +55,7 @@ class Join(Request):
         return f"waits in join for its activity {self.activity.number} to finish"
 
 
+# -- cell 52
 @add_to_class(Comm)
 def spawn(self, program) -> Spawn:
     """Request: run `program` — a generator of requests, e.g. `allreduce(comm, x)` — beside
@@ -78,7 +79,7 @@ def join(self, activity) -> Join:
     return Join(activity)
 
 
-# -- cell 49
+# -- cell 53
 def run_activity(program, handle: Activity, main_returned):
     """Drive `program` as an activity of a rank; when it returns, hand its value to whoever
     waits in join. `main_returned()` says whether the rank's program has already returned —

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 39
+# -- cell 41
 from typing import NamedTuple
 
 from dsml.net.alphabeta import AlphaBeta
@@ -45,6 +45,7 @@ DEVICES = {
 }
 
 
+# -- cell 42
 def resnet50_layers():
     """ResNet-50 (torchvision's v1.5: the stride in each block's 3×3 convolution), one entry per
     parameter tensor in forward order: (name, number of parameters, forward FLOPs per 224×224
@@ -87,7 +88,7 @@ def network(link: str, gamma: float = 0.0) -> AlphaBeta:
     return AlphaBeta(LINKS[link].alpha, 1.0 / LINKS[link].bandwidth, gamma)
 
 
-# -- cell 40
+# -- cell 43
 import networkx as nx
 
 from dsml.net.topology import Topology

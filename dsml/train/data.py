@@ -53,6 +53,7 @@ def teacher(n: int, sizes=(10, 32, 1), noise: float = 0.1, seed: int = 0):
     return X, h + noise * rng.standard_normal(h.shape)
 
 
+# -- cell 6
 def teacher_classes(n_train: int, n_test: int = 0, dim: int = 20, classes: int = 10,
                     seed: int = 0):
     """A classification problem with as many examples as wanted: inputs N(0, I), labels the

@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 104
+# -- cell 109
 import numpy as np
 
 ACTIVATIONS = ("relu", "tanh", None)
@@ -54,28 +54,36 @@ class MLP:
         self._cache = (inputs, pre)
         return h
 
-    def backward(self, dout):
-        """Gradients of the loss for every parameter not in `frozen`, given dL/d(output)."""
-        grads = dict(self.backward_layers(dout))
-        return {name: grads[name] for name in self.params if name in grads}   # forward order
 
-    def backward_layers(self, dout):
-        """The same gradients, one at a time as backward computes them, last layer first:
-        (name, gradient) pairs from a generator (section 10 all-reduces them as they come)."""
-        if self._cache is None:
-            raise RuntimeError("call forward before backward")
-        inputs, pre = self._cache
-        g = np.asarray(dout, dtype=np.float64)
-        for i in reversed(range(self.layers)):
-            if i < self.layers - 1:
-                g = g * activation_derivative(pre[i], self.activation)
-            weight, bias = f"layer{i}.weight", f"layer{i}.bias"
-            if weight not in self.frozen:
-                yield weight, inputs[i].T @ g
-            if bias not in self.frozen:
-                yield bias, g.sum(axis=0)
-            if i > 0:
-                g = g @ self.params[weight].T
+# -- cell 111
+from dsml.utils import add_to_class
+
+
+@add_to_class(MLP)
+def backward(self, dout):
+    """Gradients of the loss for every parameter not in `frozen`, given dL/d(output)."""
+    grads = dict(self.backward_layers(dout))
+    return {name: grads[name] for name in self.params if name in grads}   # forward order
+
+
+@add_to_class(MLP)
+def backward_layers(self, dout):
+    """The same gradients, one at a time as backward computes them, last layer first:
+    (name, gradient) pairs from a generator (section 10 all-reduces them as they come)."""
+    if self._cache is None:
+        raise RuntimeError("call forward before backward")
+    inputs, pre = self._cache
+    g = np.asarray(dout, dtype=np.float64)
+    for i in reversed(range(self.layers)):
+        if i < self.layers - 1:
+            g = g * activation_derivative(pre[i], self.activation)
+        weight, bias = f"layer{i}.weight", f"layer{i}.bias"
+        if weight not in self.frozen:
+            yield weight, inputs[i].T @ g
+        if bias not in self.frozen:
+            yield bias, g.sum(axis=0)
+        if i > 0:
+            g = g @ self.params[weight].T
 
 
 def activate(z, activation):
@@ -97,7 +105,7 @@ def activation_derivative(z, activation):
     return np.ones_like(z)
 
 
-# -- cell 105
+# -- cell 112
 def softmax_cross_entropy(logits, y):
     """Mean cross-entropy of integer labels y under softmax(logits), and its gradient."""
     logits = np.asarray(logits, dtype=np.float64)
@@ -141,6 +149,7 @@ def accuracy(logits, y) -> float:
     return float(np.mean(np.argmax(logits, axis=1) == np.asarray(y)))
 
 
+# -- cell 113
 def numerical_gradient(model, X, y, loss: str = "cross_entropy", eps: float = 1e-6):
     """Central differences (L(w + ε) − L(w − ε)) / 2ε, one parameter entry at a time — slow,
     and only for checking backward on small models. Leaves the model as it found it."""

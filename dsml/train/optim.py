@@ -1,7 +1,7 @@
 """Generated from notebooks/week3_data_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 109
+# -- cell 117
 import numpy as np
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "lars", "lamb")
@@ -51,6 +51,7 @@ class SGD(Optimizer):
         w -= self.lr * d
 
 
+# -- cell 118
 class Adam(Optimizer):
     def __init__(self, lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8):
         super().__init__(lr, weight_decay)
@@ -104,6 +105,7 @@ class LAMB(Adam):
         w -= self.lr * trust * r
 
 
+# -- cell 119
 def make_optimizer(name: str, lr: float, **hyper) -> Optimizer:
     """One of OPTIMIZERS by name, with its hyper-parameters (see the table above)."""
     if name == "sgd":
