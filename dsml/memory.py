@@ -86,27 +86,11 @@ class TransformerConfig:
 
     def __post_init__(self):
         _check_config(self, ("layers", "hidden", "heads", "vocab", "seq_len"))
-        # A frozen dataclass fills its defaults through object.__setattr__.
-        if self.kv_heads is None:
+        if self.kv_heads is None:  # frozen: defaults go through object.__setattr__
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         _check_config(self)
-
-    @classmethod
-    def gpt_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
-                  name: str = "custom") -> "TransformerConfig":
-        """GPT-2's recipe: learned positions, LayerNorm, GELU MLP of width 4h, biases, tied head."""
-        return cls(layers, hidden, heads, vocab, seq_len, name=name)
-
-    @classmethod
-    def llama_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
-                    ffn_hidden: int, kv_heads: int | None = None,
-                    name: str = "custom") -> "TransformerConfig":
-        """Llama's recipe: rotary positions, RMSNorm, SwiGLU MLP, no biases, untied head."""
-        return cls(layers, hidden, heads, vocab, seq_len, kv_heads=kv_heads,
-                   ffn_hidden=ffn_hidden, norm="rmsnorm", mlp="swiglu", bias=False,
-                   tied_embeddings=False, positions="rotary", name=name)
 
     @property
     def head_dim(self) -> int:
@@ -127,37 +111,67 @@ class TransformerConfig:
         """Parameters of one norm: weight and bias (LayerNorm) or weight only (RMSNorm)."""
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
-    def layer_breakdown(self) -> dict[str, int]:
-        """Parameters of one transformer block: attention, mlp, norms (its two)."""
-        h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
-        attention = h * h + h * kv + h * kv + h * h          # W_q, W_k, W_v, W_o
-        mlp = self.mlp_in_matrices * h * f + f * h            # input matrices, output matrix
-        if self.bias:
-            attention += h + kv + kv + h
-            mlp += self.mlp_in_matrices * f + h
-        return {"attention": attention, "mlp": mlp, "norms": 2 * self.norm_params}
-
-    def breakdown(self) -> dict[str, int]:
-        """Exact parameter count by part: embeddings (tokens, learned positions), attention and
-        mlp (all layers), norms (all layers plus the final norm), head (0 when tied)."""
-        layer = self.layer_breakdown()
-        embeddings = self.vocab * self.hidden
-        if self.positions == "learned":
-            embeddings += self.seq_len * self.hidden
-        return {
-            "embeddings": embeddings,
-            "attention": self.layers * layer["attention"],
-            "mlp": self.layers * layer["mlp"],
-            "norms": self.layers * layer["norms"] + self.norm_params,
-            "head": 0 if self.tied_embeddings else self.vocab * self.hidden,
-        }
-
-    def num_params(self) -> int:
-        """The exact number of parameters (the sum of `breakdown()`)."""
-        return sum(self.breakdown().values())
-
 
 # -- cell 175
+from dsml.utils import add_to_class
+
+
+@add_to_class(TransformerConfig)
+@classmethod
+def gpt_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+              name: str = "custom") -> "TransformerConfig":
+    """GPT-2's recipe: learned positions, LayerNorm, GELU MLP of width 4h, biases, tied head."""
+    return cls(layers, hidden, heads, vocab, seq_len, name=name)
+
+
+@add_to_class(TransformerConfig)
+@classmethod
+def llama_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: int,
+                ffn_hidden: int, kv_heads: int | None = None,
+                name: str = "custom") -> "TransformerConfig":
+    """Llama's recipe: rotary positions, RMSNorm, SwiGLU MLP, no biases, untied head."""
+    return cls(layers, hidden, heads, vocab, seq_len, kv_heads=kv_heads,
+               ffn_hidden=ffn_hidden, norm="rmsnorm", mlp="swiglu", bias=False,
+               tied_embeddings=False, positions="rotary", name=name)
+
+
+# -- cell 176
+@add_to_class(TransformerConfig)
+def layer_breakdown(self) -> dict[str, int]:
+    """Parameters of one transformer block: attention, mlp, norms (its two)."""
+    h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
+    attention = h * h + h * kv + h * kv + h * h          # W_q, W_k, W_v, W_o
+    mlp = self.mlp_in_matrices * h * f + f * h            # input matrices, output matrix
+    if self.bias:
+        attention += h + kv + kv + h
+        mlp += self.mlp_in_matrices * f + h
+    return {"attention": attention, "mlp": mlp, "norms": 2 * self.norm_params}
+
+
+@add_to_class(TransformerConfig)
+def breakdown(self) -> dict[str, int]:
+    """Exact parameter count by part: embeddings (tokens, learned positions), attention and
+    mlp (all layers), norms (all layers plus the final norm), head (0 when tied)."""
+    layer = self.layer_breakdown()
+    embeddings = self.vocab * self.hidden
+    if self.positions == "learned":
+        embeddings += self.seq_len * self.hidden
+    return {
+        "embeddings": embeddings,
+        "attention": self.layers * layer["attention"],
+        "mlp": self.layers * layer["mlp"],
+        "norms": self.layers * layer["norms"] + self.norm_params,
+        "head": 0 if self.tied_embeddings else self.vocab * self.hidden,
+    }
+
+
+@add_to_class(TransformerConfig)
+def num_params(self) -> int:
+    """The exact number of parameters (the sum of `breakdown()`)."""
+    return sum(self.breakdown().values())
+
+
+# -- cell 177
 def narayanan_params(config: TransformerConfig) -> float:
     """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
     P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
@@ -165,7 +179,7 @@ def narayanan_params(config: TransformerConfig) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-# -- cell 177
+# -- cell 179
 PRESETS = {
     "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
     "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
@@ -187,7 +201,7 @@ def preset(name: str) -> TransformerConfig:
     return PRESETS[name]
 
 
-# -- cell 182
+# -- cell 184
 import numpy as np
 
 
@@ -231,7 +245,7 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# -- cell 183
+# -- cell 185
 def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
                       max_bytes: float = 2**30) -> dict[str, np.ndarray]:
     """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
@@ -270,7 +284,7 @@ def _rotary(x: np.ndarray) -> np.ndarray:
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
-# -- cell 184
+# -- cell 186
 def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
                   tokens) -> np.ndarray:
     """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
@@ -326,7 +340,7 @@ def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
     return x @ head
 
 
-# -- cell 186
+# -- cell 188
 COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
 ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
 
@@ -354,7 +368,7 @@ def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.nda
     return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
 
 
-# -- cell 187
+# -- cell 189
 def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
                       tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
     """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
@@ -399,7 +413,7 @@ def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], 
     return held
 
 
-# -- cell 189
+# -- cell 191
 def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
     """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
     column-parallel biases split t ways, row-parallel biases and norms whole."""
@@ -434,7 +448,7 @@ def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: 
     return count
 
 
-# -- cell 191
+# -- cell 193
 @dataclass(frozen=True)
 class BytesPerParameter:
     """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
@@ -474,7 +488,7 @@ class MemoryBreakdown:
         return {part: getattr(self, part) / GB for part in parts}
 
 
-# -- cell 192
+# -- cell 194
 def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
                            precision: str = "mixed") -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
@@ -505,7 +519,7 @@ def zero_model_states(n_params: float, dp: int, stage: int) -> float:
     return zero_model_state_bytes(n_params, dp, stage).total
 
 
-# -- cell 194
+# -- cell 196
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -561,7 +575,7 @@ def inflight_microbatches(pp: int, stage: int, microbatches: int,
     return min(chunk_forwards, microbatches * chunks) / chunks
 
 
-# -- cell 196
+# -- cell 198
 DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
 
 
@@ -592,7 +606,7 @@ def _check_layout(layout) -> None:
                              f"pp={layout.pp}, got {layout.microbatches}")
 
 
-# -- cell 197
+# -- cell 199
 @dataclass(frozen=True)
 class Layout:
     """How a model is trained on dp × tp × pp devices.
@@ -649,7 +663,7 @@ class Layout:
                 + "".join(f", {extra}" for extra in extras))
 
 
-# -- cell 198
+# -- cell 200
 def check_chunks(config: TransformerConfig, layout: Layout) -> None:
     """Raise ValueError unless the layout splits the config: `check_split`, and v = chunks
     dividing each stage's layers/pp blocks."""
@@ -702,7 +716,7 @@ def memory_per_rank(config: TransformerConfig, layout: Layout,
     return max(stages, key=lambda breakdown: breakdown.total)
 
 
-# -- cell 200
+# -- cell 202
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -736,7 +750,7 @@ def training_flops(config: TransformerConfig, sequences: int, recompute: str = "
     return sequences * (3 * forward + extra)
 
 
-# -- cell 202
+# -- cell 204
 # The step model's constants, each with its source. The peak FLOP/s and the links are week 3's
 # presets (dsml.net.presets: A100 312 TFLOP/s dense fp16/bf16, NVLink 3 and InfiniBand HDR).
 A100_HBM_BANDWIDTH = 2.039e12   # B/s: NVIDIA A100 datasheet (2021), 80 GB SXM4, HBM2e
@@ -788,7 +802,7 @@ def achieved_fraction(rows: int, inner: int, cols: int, batch: int = 1,
     return 2.0 * batch * rows * inner * cols / (seconds * device_flops)
 
 
-# -- cell 203
+# -- cell 205
 def layer_matmuls(config: TransformerConfig, micro_batch: int, tp: int = 1) -> dict:
     """The matrix products of one transformer layer's forward for one micro-batch on one
     tensor-parallel rank, name → (batch, rows, inner, cols): the T = b·s tokens through the
@@ -830,7 +844,7 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
             "activation": (config.mlp_in_matrices + 1) * a * ffn}
 
 
-# -- cell 205
+# -- cell 207
 def ring_seconds(kind: str, nbytes: float, ranks: int, alpha: float, bandwidth: float) -> float:
     """α–β time of a ring collective over `ranks` ranks on `nbytes` (the whole buffer): an
     all-reduce 2(k−1)α + 2(k−1)/k·n/B, a reduce-scatter or all-gather half that; 0 for k = 1."""
@@ -892,7 +906,7 @@ def stage_microbatch_seconds(config: TransformerConfig, layout: Layout, stage: i
     return {"forward": forward, "backward": backward, "tensor": tensor, "pipeline": pipeline}
 
 
-# -- cell 207
+# -- cell 209
 @dataclass(frozen=True)
 class StepEstimate:
     """The step model's seconds per step, by term, and MFU (model FLOPs per second as a
@@ -945,7 +959,7 @@ def _data_parallel_seconds(config, layout, slowest, hw) -> float:
     return m * exposed          # no gather after the step: the next forward gathers
 
 
-# -- cell 208
+# -- cell 210
 def estimate_step(config: TransformerConfig, layout: Layout,
                   device_flops: float = DEVICES["a100"].flops,
                   intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
@@ -1000,7 +1014,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     return StepEstimate(seconds, compute, bubble, tensor, data, mfu, pipeline, optimizer)
 
 
-# -- cell 210
+# -- cell 212
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout of the search: its memory (the binding rank), its step estimate, and whether
@@ -1015,7 +1029,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# -- cell 211
+# -- cell 213
 def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
                    recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
@@ -1070,7 +1084,7 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     return results
 
 
-# -- cell 212
+# -- cell 214
 def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
     higher MFU than every layout that needs less memory."""
@@ -1082,7 +1096,7 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 238
+# -- cell 240
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline

@@ -235,7 +235,7 @@ class TransformerBlock:
         return self.backward_with_input(dout)[1]
 
 
-# -- cell 225
+# -- cell 227
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
