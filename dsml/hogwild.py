@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-# -- cell 43
+# -- cell 46
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +48,7 @@ def distinct_coordinates(n: int, d: int, k: int, rng: np.random.Generator) -> np
     return np.sort(np.argpartition(keys, k - 1, axis=1)[:, :k], axis=1)
 
 
-# -- cell 44
+# -- cell 47
 def sparse_least_squares(n: int, d: int, k: int, noise: float = 0.1,
                          seed: int = 0) -> SparseProblem:
     """A seeded SparseProblem: n examples, each touching k of d coordinates with values ±1/√k,
@@ -73,7 +73,7 @@ def problem_loss(problem: SparseProblem, w: np.ndarray) -> float:
     return 0.5 * float(np.mean(residual * residual))
 
 
-# -- cell 48
+# -- cell 51
 def read_and_compute(state: np.ndarray, problem: SparseProblem, i: int, lr: float):
     """The first half of a step on example i: read w_e and its counters (e = problem.idx[i])
     and compute the update of the k rows, −lr·(x·w_e − y)·x in column 0 and 1 in column 1.
@@ -130,7 +130,7 @@ def serial_sgd(problem: SparseProblem, steps: int, lr: float, seed: int = 0) -> 
     return state
 
 
-# -- cell 54
+# -- cell 57
 import time
 from typing import Callable
 
@@ -182,7 +182,7 @@ def hogwild_worker(worker: int, state: np.ndarray, problem: SparseProblem, steps
     return start, time.perf_counter(), steps, steps * problem.k, stale
 
 
-# -- cell 55
+# -- cell 58
 def _check_hogwild_arguments(problem, workers, steps_per_worker, lr, sample_every, timeout):
     if not isinstance(problem, SparseProblem):
         raise ValueError(f"problem must be a SparseProblem (see sparse_least_squares), got "

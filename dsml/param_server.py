@@ -58,6 +58,106 @@ def check_bound(bound):
 
 
 # -- cell 9
+class ServerState:
+    """What one parameter server holds while it serves: its keys' values (`shard`) and version
+    (updates applied so far), each worker's clock (steps pushed), the workers waiting for an
+    answer, and the log it returns when done."""
+
+    def __init__(self, comm, shard, keys, workers, steps: int, bound, t0: float):
+        self.comm, self.shard, self.keys, self.workers = comm, shard, keys, workers
+        self.steps, self.bound, self.t0 = steps, bound, t0
+        self.version = 0
+        self.clock = dict.fromkeys(workers, 0)       # steps each worker has pushed
+        self.heard = dict.fromkeys(workers, 0)       # messages from each worker so far
+        self.remaining = len(workers) * (steps + 1)  # messages still to come: a pull, then pushes
+        self.held = []                               # ssp: workers the bound keeps waiting
+        self.step_grads = {}                         # bsp: step -> {worker: gradient}
+        self.updates, self.reads, self.failures, self.dropped = [], [], [], []
+        self.snapshots = [(0.0, 0, shard.copy())]
+
+    def answer(self, worker, now):
+        """Send `worker` the current keys and version, and log that read."""
+        self.reads.append(Read(worker, self.clock[worker] + 1, self.version,
+                               min(self.clock.values()), now))
+        yield self.comm.send(worker, (self.version, self.shard), tag=REPLY)
+
+    def log(self) -> dict:
+        return {"updates": self.updates, "reads": self.reads, "snapshots": self.snapshots,
+                "keys": self.keys, "failures": self.failures, "dropped": self.dropped}
+
+
+# -- cell 10
+def release_held(state: ServerState, now=None):
+    """Answer every held worker the SSP bound now lets go on: one that has pushed its last step,
+    or one at most `bound` steps ahead of the slowest worker still running. `now`: the time
+    to log, or None to read the clock at each answer."""
+    slowest = min(state.clock.values())
+    for worker in [w for w in state.held
+                   if state.clock[w] == state.steps or state.clock[w] - slowest <= state.bound]:
+        state.held.remove(worker)
+        if now is None:
+            yield from state.answer(worker, (yield state.comm.now()) - state.t0)
+        else:
+            yield from state.answer(worker, now)
+
+
+def drop_failed_worker(state: ServerState, failure, mode: str):
+    """A worker failed. "bsp" needs every worker's gradient, so that is an error; "ssp" logs it,
+    stops waiting for its messages and, since the slowest may have been the one that died,
+    answers the held workers the bound now lets go on. Returns False when no worker is left."""
+    if mode == "bsp":
+        raise RuntimeError(f"server {state.comm.rank}: worker {failure.rank} failed; a "
+                           f"synchronous step needs every worker's gradient, so "
+                           f"training cannot go on ({failure})") from failure
+    state.failures.append((failure.rank, (yield state.comm.now()) - state.t0))
+    state.remaining -= state.steps + 1 - state.heard.pop(failure.rank)
+    del state.clock[failure.rank]
+    if failure.rank in state.held:
+        state.held.remove(failure.rank)
+    if not state.clock:
+        return False
+    yield from release_held(state)
+    return True
+
+
+# -- cell 11
+def bsp_push(state: ServerState, src, read_version: int, gradient, lr: float, backups: int, now):
+    """A BSP gradient: keep it until all workers but `backups` have sent theirs for its step,
+    then apply their mean once and answer those workers. A gradient whose step was applied
+    without it, or that comes after the last step, is dropped and its worker answered at once."""
+    step = read_version + 1                      # the step this gradient is for
+    if step <= state.version or state.version == state.steps:
+        state.dropped.append((src, step, now))
+        yield from state.answer(src, now)
+        return
+    state.step_grads.setdefault(step, {})[src] = gradient
+    if len(state.step_grads[step]) < len(state.workers) - backups:
+        return
+    arrived = state.step_grads.pop(step)
+    senders = [w for w in state.workers if w in arrived]
+    state.shard -= lr * np.mean([arrived[w] for w in senders], axis=0)
+    state.updates += [Update(w, step, state.version, state.version, now) for w in senders]
+    state.version += 1
+    state.snapshots.append((now, state.version, state.shard.copy()))
+    for w in senders:
+        yield from state.answer(w, now)
+
+
+def ssp_push(state: ServerState, src, step: int, read_version: int, gradient, lr: float,
+             staleness_aware: bool, snapshot_every: int, now):
+    """An SSP gradient: apply it at once (its staleness is the number of updates applied since
+    its worker read), hold the worker, and answer whoever the bound now lets go on."""
+    staleness = state.version - read_version
+    state.shard -= (lr / max(1, staleness) if staleness_aware else lr) * gradient
+    state.updates.append(Update(src, step, read_version, state.version, now))
+    state.version += 1
+    if state.version % snapshot_every == 0:
+        state.snapshots.append((now, state.version, state.shard.copy()))
+    state.held.append(src)
+    yield from release_held(state, now)
+
+
+# -- cell 12
 def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
           bound=math.inf, staleness_aware: bool = False, snapshot_every: int = 1,
           backups: int = 0):
@@ -84,84 +184,36 @@ def serve(comm, shard, keys, workers, steps: int, lr: float, mode: str = "ssp",
     if mode not in ("bsp", "ssp"):
         raise ValueError(f"unknown mode {mode!r}; choose 'bsp' or 'ssp'")
     start, stop = keys
-    clock = dict.fromkeys(workers, 0)            # steps each worker has pushed
-    version, updates, reads, held, failures, dropped = 0, [], [], [], [], []
-    step_grads = {}                              # bsp: step -> {worker: gradient}
-    heard = dict.fromkeys(workers, 0)            # messages from each worker so far
-    t0 = yield comm.now()
-    snapshots = [(0.0, 0, shard.copy())]
-
-    def answer(worker, now):
-        reads.append(Read(worker, clock[worker] + 1, version, min(clock.values()), now))
-        yield comm.send(worker, (version, shard), tag=REPLY)
-
-    remaining = len(workers) * (steps + 1)
-    while remaining:
+    state = ServerState(comm, shard, (start, stop), workers, steps, bound, t0=(yield comm.now()))
+    while state.remaining:
         try:
-            src, (read_version, step, keys, gradient) = yield comm.recv_any(PUSH)
+            src, (read_version, step, pushed_keys, gradient) = yield comm.recv_any(PUSH)
         except PeerFailed as failure:
-            if mode == "bsp":
-                raise RuntimeError(f"server {comm.rank}: worker {failure.rank} failed; a "
-                                   f"synchronous step needs every worker's gradient, so "
-                                   f"training cannot go on ({failure})") from failure
-            failures.append((failure.rank, (yield comm.now()) - t0))
-            remaining -= steps + 1 - heard.pop(failure.rank)
-            del clock[failure.rank]
-            if failure.rank in held:
-                held.remove(failure.rank)
-            if not clock:
+            if not (yield from drop_failed_worker(state, failure, mode)):
                 break
-            slowest = min(clock.values())        # the slowest may have been the one that died
-            for worker in [w for w in held if clock[w] == steps or clock[w] - slowest <= bound]:
-                held.remove(worker)
-                yield from answer(worker, (yield comm.now()) - t0)
             continue
-        remaining -= 1
-        now = (yield comm.now()) - t0
-        if src not in clock:
+        state.remaining -= 1
+        now = (yield comm.now()) - state.t0
+        if src not in state.clock:
             raise ValueError(f"server {comm.rank}: a push from rank {src}, which is not a worker")
-        heard[src] += 1
+        state.heard[src] += 1
         if gradient is None:                     # the first pull
-            yield from answer(src, now)
+            yield from state.answer(src, now)
             continue
-        if keys != (start, stop) or np.shape(gradient) != shard.shape:
+        if pushed_keys != (start, stop) or np.shape(gradient) != shard.shape:
             raise ValueError(f"server {comm.rank} owns keys [{start}, {stop}); rank {src} pushed "
-                             f"{np.size(gradient)} values for keys [{keys[0]}, {keys[1]})")
-        clock[src] += 1
+                             f"{np.size(gradient)} values for keys [{pushed_keys[0]}, "
+                             f"{pushed_keys[1]})")
+        state.clock[src] += 1
         if mode == "bsp":
-            step = read_version + 1              # the step this gradient is for
-            if step <= version or version == steps:   # its step is done without it: drop
-                dropped.append((src, step, now))
-                yield from answer(src, now)
-                continue
-            step_grads.setdefault(step, {})[src] = gradient
-            if len(step_grads[step]) < len(workers) - backups:
-                continue
-            arrived = step_grads.pop(step)
-            shard -= lr * np.mean([arrived[w] for w in workers if w in arrived], axis=0)
-            updates += [Update(w, step, version, version, now) for w in workers if w in arrived]
-            version += 1
-            snapshots.append((now, version, shard.copy()))
-            for w in workers:
-                if w in arrived:
-                    yield from answer(w, now)
-            continue
-        staleness = version - read_version
-        shard -= (lr / max(1, staleness) if staleness_aware else lr) * gradient
-        updates.append(Update(src, step, read_version, version, now))
-        version += 1
-        if version % snapshot_every == 0:
-            snapshots.append((now, version, shard.copy()))
-        held.append(src)
-        slowest = min(clock.values())            # answer whoever the bound now lets go on
-        for worker in [w for w in held if clock[w] == steps or clock[w] - slowest <= bound]:
-            held.remove(worker)
-            yield from answer(worker, now)
-    return {"updates": updates, "reads": reads, "snapshots": snapshots, "keys": (start, stop),
-            "failures": failures, "dropped": dropped}
+            yield from bsp_push(state, src, read_version, gradient, lr, backups, now)
+        else:
+            yield from ssp_push(state, src, step, read_version, gradient, lr, staleness_aware,
+                                snapshot_every, now)
+    return state.log()
 
 
-# -- cell 10
+# -- cell 13
 def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per_step: float,
          rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0, fail_at=None):
     """Rank program body of a worker: pull every server's keys, then `steps` times compute a
@@ -195,7 +247,7 @@ def work(comm, servers, model, ranges, X, y, batch: int, steps: int, seconds_per
     return {"losses": losses, "times": times}
 
 
-# -- cell 11
+# -- cell 14
 def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
     """Seconds-per-step multipliers of heterogeneous workers: log-normal with σ = spread,
     scaled so the fastest is 1."""
@@ -243,7 +295,7 @@ def params_at(server_logs, t: float) -> np.ndarray:
     return np.concatenate(parts)
 
 
-# -- cell 17
+# -- cell 20
 from dsml.comm.api import SizeOnly
 
 
@@ -289,7 +341,7 @@ def ps_exchange(comm, servers, nbytes, staggered=False, colocated=False):
         yield comm.recv(s, tag=REPLY)
 
 
-# -- cell 23
+# -- cell 26
 def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sparse: bool = True,
                             seed: int = 0):
     """Rank program: rank 0 serves w of a SparseProblem (d keys, from 0); every other rank is a
@@ -325,7 +377,7 @@ def sparse_parameter_server(comm, problem, steps: int, lr: float, batch: int, sp
         yield comm.send(0, (keys, gradient), tag=PUSH)
 
 
-# -- cell 35
+# -- cell 38
 def serve_cached(comm, shard, workers, steps: int, lr: float):
     """Rank program body of an SSP server for workers with a parameter cache (Ho et al.'s SSP
     table). A push (read_version, gradient) is applied at once and advances its worker's clock;
@@ -355,7 +407,7 @@ def serve_cached(comm, shard, workers, steps: int, lr: float):
     return {"updates": updates, "snapshots": snapshots, "keys": (0, shard.size)}
 
 
-# -- cell 36
+# -- cell 39
 def work_cached(comm, model, X, y, batch: int, steps: int, lr: float, bound, seconds_per_step,
                 rng, straggle_prob: float = 0.0, straggle_factor: float = 1.0):
     """Rank program body of an SSP worker with a client-side cache: at clock c it computes on
