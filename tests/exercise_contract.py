@@ -43,8 +43,8 @@ STUB_LINE = "raise NotImplementedError  # your code here"
 
 # --- a week's exercises and reference solutions -----------------------------------------------
 
-def solution_module(week: int) -> ModuleType:
-    """`solutions/week<week>.py`, the reference solutions (the repository root goes on
+def solution_module(week: int | str) -> ModuleType:
+    """`solutions/week<week>.py` (week 5, or "5b" for a bonus notebook), the reference solutions (the repository root goes on
     sys.path: `solutions` is not part of the installed package)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
@@ -259,7 +259,7 @@ def assert_exercise_cells_match_checkers(week: int, cells, solution: ModuleType)
     cell per exercise with the answer's name, the reference solution's parameters, the stub
     line, and the `check(...)` call."""
     assert cells[0][0] == "markdown" and cells[0][1].lstrip().startswith("## Exercises")
-    headings = [re.match(r"### Exercise (\d+\.\d+) — ", source.lstrip())
+    headings = [re.match(r"### Exercise (\d+[a-z]?\.\d+) — ", source.lstrip())   # 5b.1 too
                 for kind, source in cells if kind == "markdown"]
     assert [m.group(1) for m in headings if m] == exercise_ids(week)
     for entry in checkers(week=week):

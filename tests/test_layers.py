@@ -21,6 +21,7 @@ LAYERS = {
     "dsml.hogwild": 6,
     "dsml.param_server": 6,
     "dsml.tensor_parallel": 6,
+    "dsml.context_parallel": 6,
     "dsml.pipeline": 6,
     "dsml.zero": 6,
     "dsml.memory": 6,

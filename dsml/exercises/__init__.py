@@ -61,7 +61,8 @@ PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 DEFAULT_TIME_LIMIT = 30.0    # s a checker gives the learner's answers (see the docstring)
 ALARM_REPEAT = 2.0           # s between further alarms, if the first one's exception was lost
 _SYMBOL = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
-_ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
+# A week is a number, or a number and a letter for a bonus notebook after it ("5b.1").
+_ID_PATTERN = re.compile(r"^(\d+[a-z]?)\.(\d+)$")
 
 
 class Wrong(Exception):
@@ -102,8 +103,9 @@ class Checker:
     time_limit: float = DEFAULT_TIME_LIMIT
 
     @property
-    def week(self) -> int:
-        return int(self.exercise_id.split(".")[0])
+    def week(self) -> int | str:
+        """The week: 5 for "5.1", the string "5b" for a bonus notebook's "5b.1"."""
+        return _week_of(self.exercise_id)
 
 
 _REGISTRY: dict[str, Checker] = {}
@@ -113,7 +115,8 @@ def checker(exercise_id: str, title: str, time_limit: float = DEFAULT_TIME_LIMIT
     """Decorator: register `function(*answers)` as the checker of `exercise_id`; the learner's
     answers get `time_limit` seconds in all (see the module docstring)."""
     if not isinstance(exercise_id, str) or not _ID_PATTERN.match(exercise_id):
-        raise ValueError(f"exercise_id must look like '1.4' (week.number), got {exercise_id!r}")
+        raise ValueError(f"exercise_id must look like '1.4' (week.number) or '5b.1', "
+                         f"got {exercise_id!r}")
     if isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real) \
             or not 0 < time_limit < float("inf"):
         raise ValueError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
@@ -132,10 +135,22 @@ def checker(exercise_id: str, title: str, time_limit: float = DEFAULT_TIME_LIMIT
 # --- finding checkers --------------------------------------------------------------------
 
 def _week_modules() -> list[str]:
-    """Names of the week modules in this package: week1, week2, ..."""
+    """Names of the week modules in this package: week1, week2, ..., week5b, ..."""
     return sorted((info.name for info in pkgutil.iter_modules(__path__)
-                   if re.fullmatch(r"week\d+", info.name)),
-                  key=lambda name: int(name[4:]))
+                   if re.fullmatch(r"week\d+[a-z]?", info.name)),
+                  key=lambda name: _week_key(name[4:]))
+
+
+def _week_of(exercise_id: str) -> int | str:
+    """The part of an id before its last dot: an int for a week, a string for a bonus week."""
+    week = exercise_id.rsplit(".", 1)[0]
+    return int(week) if week.isdigit() else week
+
+
+def _week_key(week: str):
+    """Sort key of a week's name: 5 before 5b before 6."""
+    digits = week.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(digits), week[len(digits):]
 
 
 def _load_week(week: str) -> None:
@@ -144,8 +159,8 @@ def _load_week(week: str) -> None:
 
 
 def _sort_key(exercise_id: str):
-    week, number = exercise_id.split(".")
-    return int(week), int(number)
+    week, number = exercise_id.rsplit(".", 1)
+    return _week_key(week), int(number)
 
 
 def known_ids() -> list[str]:
@@ -156,7 +171,7 @@ def known_ids() -> list[str]:
 
 
 def checkers(week: int | None = None) -> list[Checker]:
-    """The registered checkers, in order; only those of `week` if given."""
+    """The registered checkers, in order; only those of `week` (5, or "5b") if given."""
     return [_REGISTRY[i] for i in known_ids() if week is None or _REGISTRY[i].week == week]
 
 
