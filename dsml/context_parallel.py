@@ -43,6 +43,18 @@ def striped_layout(seq: int, cp: int) -> list:
     return [np.arange(r, seq, cp) for r in range(cp)]
 
 
+def check_layout(layout, seq: int, cp: int) -> None:
+    """A layout gives each of cp ranks the same number of positions, each of 0 … seq − 1 once."""
+    if len(layout) != cp:
+        raise ValueError(f"layout has {len(layout)} entries for cp = {cp} ranks: one per rank")
+    if len({len(positions) for positions in layout}) != 1:
+        raise ValueError(f"layout gives the ranks {[len(p) for p in layout]} positions: the ring "
+                         f"passes equal blocks, so every rank must hold as many as every other")
+    held = np.sort(np.concatenate(layout))
+    if not np.array_equal(held, np.arange(seq)):
+        raise ValueError(f"layout must hold each position 0 … {seq - 1} exactly once")
+
+
 def visible_pairs(q_positions, k_positions, causal: bool) -> int:
     """How many (query, key) pairs attention computes: all of them, or with a causal mask only
     those whose key position is ≤ the query's."""
@@ -175,6 +187,7 @@ def ring_attention_step(comm, q, k, v, dout, layout, causal: bool = True, flop_r
     """Rank program: forward and backward of ring attention on this rank's share. q, k, v, dout
     are the whole (…, seq, d) arrays; the rank keeps the positions layout[rank] of each.
     Returns a dict of its output, log-sum-exp, gradients and the time its forward ended."""
+    check_layout(layout, q.shape[-2], comm.size)
     mine = layout[comm.rank]
     q, k, v, dout = (x[..., mine, :] for x in (q, k, v, dout))
     out, lse = yield from ring_attention_forward(comm, q, k, v, layout, causal, flop_rate)

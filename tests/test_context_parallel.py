@@ -120,3 +120,13 @@ def test_causal_contiguous_is_unbalanced_and_zigzag_is_balanced():
 def test_bad_splits_are_refused(make, seq, cp, words):
     with pytest.raises(ValueError, match=words):
         make(seq, cp)
+
+
+@pytest.mark.parametrize("layout, cp, words", [
+    ([np.arange(0, 4), np.arange(4, 8)], 4, "2 entries for cp = 4"),
+    ([np.arange(0, 3), np.arange(3, 8)], 2, "as many as every other"),
+    ([np.arange(0, 4), np.arange(3, 7)], 2, "exactly once")])
+def test_bad_layouts_are_refused_by_the_rank_program(layout, cp, words):
+    arrays = [np.zeros((1, 1, 8, 2)) for _ in range(4)]
+    with pytest.raises(dsml.RankError, match=words):
+        dsml.run(ring_attention_step, cp, network=NET, args=(*arrays, layout, True))
