@@ -1096,7 +1096,7 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 240
+# -- cell 245
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline
