@@ -557,7 +557,7 @@ def count_collectives(trace, rank: int, start: float = 0.0, end: float = float("
     return bursts
 
 
-# -- cell 58
+# -- cell 219
 from functools import partial
 
 from dsml.collectives import allgather, reduce_scatter
@@ -591,7 +591,7 @@ def scatter_sequence(comm, partial_sum, algorithm: str = "ring"):
     return np.swapaxes(mine, 0, 1)
 
 
-# -- cell 59
+# -- cell 220
 class SequenceParallelColumn(ColumnParallelLinear):
     """A column-parallel layer whose input arrives as sequence shards: g (all-gather) replaces
     the identity f, and g's conjugate (reduce-scatter) replaces f's all-reduce in backward.
@@ -621,7 +621,7 @@ class SequenceParallelColumn(ColumnParallelLinear):
         return dx_shard, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 60
+# -- cell 221
 class SequenceParallelRow(RowParallelLinear):
     """A row-parallel layer whose output leaves as sequence shards: ḡ (reduce-scatter)
     replaces g's all-reduce; backward all-gathers dL/dZ (ḡ's conjugate). The bias is added
@@ -672,7 +672,7 @@ class SequenceParallelBlock(TensorParallelBlock):
         return dx_shard, grads
 
 
-# -- cell 61
+# -- cell 222
 from dsml.train.transformer import arrays_in, held_bytes
 
 

@@ -80,3 +80,45 @@ def smallest_fitting_tp(model, dp, pp, zero, micro_batch, microbatches, device_g
         if memory_per_rank(config, layout).total <= device_gb * GB:
             return tp
     return None
+
+
+def zb_h1(stage, stages, microbatches):
+    """Exercise 5.9: 1F1B's order of F and B, each B followed by a W — except that stage i
+    postpones its first i W's (at most m) to the end, where they fill the idle slots that the
+    last backwards leave; from then on each B is followed by the oldest waiting W."""
+    warmup = min(stages - stage - 1, microbatches)
+    ops = [("F", j) for j in range(warmup)]
+    waiting = []
+    for k in range(microbatches):
+        if warmup + k < microbatches:
+            ops.append(("F", warmup + k))
+        ops.append(("B", k))
+        waiting.append(k)
+        if k >= stage:
+            ops.append(("W", waiting.pop(0)))
+    return ops + [("W", j) for j in waiting]
+
+
+def fsdp_step_time(gather, scatter, forward, backward, prefetch):
+    """Exercise 5.10: without prefetch every gather, computation and scatter in turn (the
+    backward gathers again); with it, a layer's compute and the next layer's gather run side
+    by side and the next layer waits for the longer — in the backward the next layer is the
+    one before; the first gather of each pass and every scatter stay exposed."""
+    g, s, f, b = gather, scatter, forward, backward
+    if not prefetch:
+        return 2 * sum(g) + sum(f) + sum(b) + sum(s)
+    last = len(g) - 1
+    forward_pass = g[0] + sum(max(f[i], g[i + 1]) for i in range(last)) + f[last]
+    backward_pass = g[last] + sum(max(b[i], g[i - 1]) for i in range(last, 0, -1)) + b[0]
+    return forward_pass + backward_pass + sum(s)
+
+
+def zero_step_bytes(psi, nd, stage, microbatches):
+    """Exercise 5.11: one ring reduce-scatter or all-gather of 2Ψ bytes sends (N_d − 1)/N_d of
+    them. ZeRO-0 all-reduces once (two of those); ZeRO-1 reduce-scatters once and all-gathers
+    the updated weights once; ZeRO-2 reduce-scatters after every micro-batch, then
+    all-gathers once; ZeRO-3 gathers the weights for every micro-batch's forward and again
+    for its backward, and reduce-scatters its gradients."""
+    ring = 2 * psi * (nd - 1) / nd
+    collectives = {0: 2, 1: 2, 2: microbatches + 1, 3: 3 * microbatches}[stage]
+    return collectives * ring

@@ -16,7 +16,7 @@ from dsml.exercises.week5 import (bubble_cases, bubble_reference, gpt_shapes,
 
 solution = contract.solution_module(5)
 NOTEBOOK = contract.ROOT / "notebooks" / "week5_model_and_pipeline_parallelism.ipynb"
-COUNT = 8
+COUNT = 11
 
 
 # --- 5.1: tensor-parallel bytes ----------------------------------------------------------------
@@ -177,6 +177,112 @@ def fit_largest(model, dp, pp, zero, micro_batch, microbatches, device_gb):
     return None if answer is None else 8 if model.startswith("llama") else answer
 
 
+# --- 5.9: ZB-H1 order --------------------------------------------------------------------------
+
+def _zb(stage, stages, microbatches, deferred, warmup_extra=0):
+    warmup = min(stages - stage - 1 + warmup_extra, microbatches)
+    ops, waiting = [("F", j) for j in range(warmup)], []
+    for k in range(microbatches):
+        if warmup + k < microbatches:
+            ops.append(("F", warmup + k))
+        ops.append(("B", k))
+        waiting.append(k)
+        if k >= deferred:
+            ops.append(("W", waiting.pop(0)))
+    return ops + [("W", j) for j in waiting]
+
+
+def zb_h1_w_after_each_b(stage, stages, microbatches):
+    return _zb(stage, stages, microbatches, deferred=0)
+
+
+def zb_h1_every_w_at_the_end(stage, stages, microbatches):
+    return _zb(stage, stages, microbatches, deferred=microbatches)
+
+
+def zb_h1_defers_one_more(stage, stages, microbatches):
+    return _zb(stage, stages, microbatches, deferred=stage + 1)
+
+
+def zb_h1_warmup_one_more(stage, stages, microbatches):
+    return _zb(stage, stages, microbatches, deferred=stage, warmup_extra=1)
+
+
+def zb_h1_gpipe(stage, stages, microbatches):
+    return ([("F", j) for j in range(microbatches)]
+            + [op for j in range(microbatches) for op in (("B", j), ("W", j))])
+
+
+# --- 5.10: FSDP prefetch -----------------------------------------------------------------------
+
+def _forward_with_prefetch(g, f):
+    return g[0] + sum(max(f[i], g[i + 1]) for i in range(len(g) - 1)) + f[-1]
+
+
+def prefetch_hides_every_gather(gather, scatter, forward, backward, prefetch):
+    if not prefetch:
+        return solution.fsdp_step_time(gather, scatter, forward, backward, prefetch)
+    return (sum(max(f, g) for f, g in zip(forward, gather))
+            + sum(max(b, g) + s for b, g, s in zip(backward, gather, scatter)))
+
+
+def prefetch_hides_the_scatters(gather, scatter, forward, backward, prefetch):
+    if not prefetch:
+        return solution.fsdp_step_time(gather, scatter, forward, backward, prefetch)
+    g, s, b = gather, scatter, backward
+    last = len(g) - 1
+    return (_forward_with_prefetch(g, forward) + g[last]
+            + sum(max(b[i], g[i - 1] + s[i]) for i in range(last, 0, -1)) + b[0] + s[0])
+
+
+def prefetch_backward_fetches_the_wrong_layer(gather, scatter, forward, backward, prefetch):
+    if not prefetch:
+        return solution.fsdp_step_time(gather, scatter, forward, backward, prefetch)
+    g, s, b = gather, scatter, backward
+    last = len(g) - 1
+    return (_forward_with_prefetch(g, forward) + g[last] + b[0] + s[0]
+            + sum(max(b[i], g[i + 1] if i < last else 0) + s[i] for i in range(last, 0, -1)))
+
+
+def no_prefetch_gathers_once(gather, scatter, forward, backward, prefetch):
+    if prefetch:
+        return solution.fsdp_step_time(gather, scatter, forward, backward, prefetch)
+    return sum(gather) + sum(forward) + sum(backward) + sum(scatter)
+
+
+def prefetch_overlaps_everything(gather, scatter, forward, backward, prefetch):
+    if not prefetch:
+        return solution.fsdp_step_time(gather, scatter, forward, backward, prefetch)
+    return max(sum(forward) + sum(backward), 2 * sum(gather) + sum(scatter))
+
+
+# --- 5.11: the step model's ZeRO bytes ----------------------------------------------------------
+
+def _zero_bytes(psi, nd, collectives):
+    return collectives * 2 * psi * (nd - 1) / nd
+
+
+def zero_once_per_step(psi, nd, stage, microbatches):
+    return _zero_bytes(psi, nd, {0: 2, 1: 2, 2: 2, 3: 3}[stage])       # the first edition's model
+
+
+def zero3_gathers_once(psi, nd, stage, microbatches):
+    return _zero_bytes(psi, nd, {0: 2, 1: 2, 2: microbatches + 1, 3: 2 * microbatches}[stage])
+
+
+def zero1_every_microbatch(psi, nd, stage, microbatches):
+    return _zero_bytes(psi, nd, {0: 2, 1: microbatches + 1, 2: microbatches + 1,
+                                 3: 3 * microbatches}[stage])
+
+
+def zero_forgets_the_weights_gather(psi, nd, stage, microbatches):
+    return _zero_bytes(psi, nd, {0: 2, 1: 1, 2: microbatches, 3: 3 * microbatches}[stage])
+
+
+def zero_whole_buffer_per_ring(psi, nd, stage, microbatches):
+    return solution.zero_step_bytes(psi, nd, stage, microbatches) * nd / max(nd - 1, 1)
+
+
 WRONG = {
     "5.1": [tp_one_allreduce, tp_whole_tensor_each_step, tp_elements_not_bytes,
             tp_ring_without_2],
@@ -189,6 +295,13 @@ WRONG = {
     "5.7": [activations_keep_attention, activations_attention_not_split,
             activations_ignore_sequence_parallel],
     "5.8": [fit_model_state_only, fit_powers_of_two, fit_largest],
+    "5.9": [zb_h1_w_after_each_b, zb_h1_every_w_at_the_end, zb_h1_defers_one_more,
+            zb_h1_warmup_one_more, zb_h1_gpipe],
+    "5.10": [prefetch_hides_every_gather, prefetch_hides_the_scatters,
+             prefetch_backward_fetches_the_wrong_layer, no_prefetch_gathers_once,
+             prefetch_overlaps_everything],
+    "5.11": [zero_once_per_step, zero3_gathers_once, zero1_every_microbatch,
+             zero_forgets_the_weights_gather, zero_whole_buffer_per_ring],
 }
 
 HINT_WORDS = {
@@ -207,6 +320,15 @@ HINT_WORDS = {
     activations_ignore_sequence_parallel: "34/t",
     fit_model_state_only: "activations", fit_powers_of_two: "not only powers of two",
     fit_largest: "smaller t fits",
+    zb_h1_w_after_each_b: "postpones some W", zb_h1_every_w_at_the_end: "Every W is at the end",
+    zb_h1_defers_one_more: "off by one", zb_h1_warmup_one_more: "one forward too many",
+    zb_h1_gpipe: "GPipe",
+    prefetch_hides_every_gather: "own weights arrive", prefetch_hides_the_scatters: "scatter",
+    prefetch_backward_fetches_the_wrong_layer: "reverse", no_prefetch_gathers_once: "again",
+    prefetch_overlaps_everything: "everything with everything",
+    zero_once_per_step: "once per step", zero3_gathers_once: "needs them again",
+    zero1_every_microbatch: "accumulate them locally",
+    zero_forgets_the_weights_gather: "whole weights back", zero_whole_buffer_per_ring: "(N_d − 1)/N_d",
 }
 
 
@@ -246,6 +368,26 @@ def test_one_f_one_b_holds_p_minus_i():
     for p, m in [(4, 8), (4, 2), (1, 3)]:
         for i in range(p):
             assert peak_reference(one_f_one_b_reference(i, p, m)) == min(p - i, m)
+
+
+def test_the_zb_h1_reference_is_the_library_schedule_and_holds_no_more_than_1f1b():
+    from dsml.exercises.week5 import zb_h1_reference
+    from dsml.pipeline import check_schedule, schedule
+    for p, m in [(4, 6), (5, 2), (1, 3)]:
+        ops = [zb_h1_reference(i, p, m) for i in range(p)]
+        check_schedule(schedule("zb-h1", p, m), m)
+        assert all(peak_reference([op for op in stage if op[0] != "B"]) <= min(p, m)
+                   for stage in ops)
+
+
+def test_the_step_model_bytes_are_the_collectives_of_the_statement():
+    from dsml.exercises.week5 import step_model_data_bytes
+    from dsml.memory import params_per_rank, preset
+    psi = params_per_rank(preset("gpt2"))
+    one = 2 * psi * 3 / 4
+    assert step_model_data_bytes("gpt2", 4, 2, 4) == pytest.approx(5 * one, rel=1e-9)
+    assert step_model_data_bytes("gpt2", 4, 3, 4) == pytest.approx(12 * one, rel=1e-9)
+    assert step_model_data_bytes("gpt2", 1, 3, 4) == 0
 
 
 # --- the notebook's exercise cells ------------------------------------------------------------
@@ -294,3 +436,9 @@ def test_examples_in_the_statements_hold():
         dp=4, tp=tp, zero=1, microbatches=8, recompute="selective", sequence_parallel=True)).total
         for tp in (1, 2)]
     assert [round(h / GB, -1) for h in held] == [120, 60]
+    assert solution.zb_h1(1, 2, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("W", 0),
+                                       ("W", 1)]
+    two_layers = ([1, 1], [0.5, 0.5], [2, 2], [4, 4])
+    assert solution.fsdp_step_time(*two_layers, False) == 17
+    assert solution.fsdp_step_time(*two_layers, True) == 15
+    assert solution.zero_step_bytes(1e9, 4, 0, 8) == 3e9

@@ -281,3 +281,120 @@ def test_recomputation_keeps_less_and_changes_nothing(batch, seq, hidden, heads)
             assert np.array_equal(runs[mode][1][name], grad)
     with pytest.raises(ValueError, match="recompute must be one of"):
         recomputed_step(block, x, dout, "some")
+
+
+# --- bf16 and fp16 on the block --------------------------------------------------------------
+
+BF16_BITS = [  # (float32 bit pattern, the bf16 bit pattern round-to-nearest-even gives)
+    (0x3F800000, 0x3F80),   # 1.0
+    (0x3F800001, 0x3F80),   # just above 1: down
+    (0x3F808000, 0x3F80),   # 1 + 2⁻⁸, an exact tie: to the even neighbour, 1.0
+    (0x3F818000, 0x3F82),   # a tie whose lower neighbour is odd: up
+    (0x3F808001, 0x3F81),   # just above a tie: up
+    (0x3F817FFF, 0x3F81),   # just below a tie: down
+    (0x40490FDB, 0x4049),   # π → 3.140625
+    (0xC0490FDB, 0xC049),   # −π
+    (0x00000000, 0x0000),   # +0
+    (0x80000000, 0x8000),   # −0 keeps its sign
+    (0x7F800000, 0x7F80),   # +inf
+    (0xFF800000, 0xFF80),   # −inf
+    (0x7F7FFFFF, 0x7F80),   # float32's largest rounds past bf16's largest: +inf
+    (0x7F7F7FFF, 0x7F7F),   # bf16's largest, from just below
+    (0x00800000, 0x0080),   # float32's smallest normal is a bf16 normal
+    (0x00008000, 0x0000),   # a subnormal tie: to even, 0
+    (0x00018000, 0x0002),   # a subnormal tie with an odd lower neighbour: up
+    (0x00008001, 0x0001),   # bf16's smallest subnormal, 2⁻¹³³
+    (0x00000001, 0x0000),   # float32's smallest subnormal flushes
+]
+
+
+def as_float32(bits):
+    return np.array(bits, dtype=np.uint32).view(np.float32)
+
+
+def test_round_to_bf16_gives_the_known_bit_patterns():
+    from dsml.train.transformer import round_to_bf16
+    inputs, expected = zip(*BF16_BITS)
+    got = round_to_bf16(as_float32(list(inputs))).view(np.uint32)
+    assert [hex(b >> 16) for b in got] == [hex(b) for b in expected]
+    assert np.all(got & 0xFFFF == 0)
+
+
+def test_round_to_bf16_keeps_nan_a_nan_even_a_signalling_one():
+    from dsml.train.transformer import round_to_bf16
+    # 0x7F800001 is a NaN whose payload sits in the low bits: clearing them must not make inf.
+    assert np.all(np.isnan(round_to_bf16(as_float32([0x7FC00000, 0x7F800001, 0xFF800001]))))
+
+
+def nearest_even_reference(x):
+    """bf16 rounding without the bit trick: the two bf16 neighbours by truncation and by
+    truncation plus one unit in the last place; the nearer in float64, a tie to the even one."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    low = (bits & 0xFFFF0000).astype(np.uint32)
+    high = (bits + 0x10000 & 0xFFFF0000).astype(np.uint32)
+    lo, hi = low.view(np.float32).astype(np.float64), high.view(np.float32).astype(np.float64)
+    xd = x.astype(np.float64)
+    below, above = np.abs(xd - lo), np.abs(hi - xd)
+    even_low = (low >> 16) % 2 == 0
+    return np.where((below < above) | ((below == above) & even_low), low, high).astype(np.uint32)
+
+
+def test_round_to_bf16_is_the_nearest_bf16_ties_to_even_across_exponents():
+    from dsml.train.transformer import round_to_bf16
+    rng = np.random.default_rng(SEED)
+    bits = rng.integers(0, 2**32, size=20000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    finite = np.isfinite(x) & (np.abs(x) < np.float32(3.38e38))   # no overflow to inf here
+    x = x[finite]
+    assert np.array_equal(round_to_bf16(x).view(np.uint32), nearest_even_reference(x))
+
+
+def test_round_to_bf16_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    from dsml.train.transformer import round_to_bf16
+    rng = np.random.default_rng(SEED)
+    x = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-40, 38, size=5000),
+                        as_float32([b for b, _ in BF16_BITS])]).astype(np.float32)
+    theirs = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
+    assert np.array_equal(round_to_bf16(x).view(np.uint32), theirs.view(np.uint32))
+
+
+def test_round_to_fp16_is_numpy_half_precision():
+    from dsml.train.transformer import round_to_fp16
+    x = np.array([1 + 2**-11, 1 + 3 * 2**-11, 65504.0, 2.0**-25, 2.0**-24, 1e-3])
+    assert np.array_equal(round_to_fp16(x), x.astype(np.float16).astype(np.float32))
+    assert round_to_fp16(x).dtype == np.float32
+
+
+def test_low_precision_step_is_the_block_when_nothing_rounds_and_loses_what_the_format_cannot_hold():
+    from dsml.train.transformer import (block_backward, block_forward, low_precision_step,
+                                        round_to_bf16, round_to_fp16)
+    batch, seq, hidden, heads = SHAPES[0]
+    block = perturbed_block(hidden, heads, SEED)
+    rng = np.random.default_rng(SEED)
+    x, dy = rng.normal(size=(2, batch, seq, hidden))
+    y_ref, cache = block_forward(block.params, heads, x)
+    _, g_ref = block_backward(block.params, cache, dy)
+    y, grads = low_precision_step(block.params, heads, x, dy, lambda a: np.asarray(a), 8.0)
+    assert np.array_equal(y, y_ref)
+    assert all(np.array_equal(grads[name], g_ref[name]) for name in g_ref)
+    # bf16: errors of a few units of 2⁻⁸; fp16: of 2⁻¹¹ (a loss scale changes nothing here).
+    for to_format, bound in ((round_to_bf16, 2**-5), (round_to_fp16, 2**-8)):
+        y, grads = low_precision_step(block.params, heads, x, dy, to_format)
+        assert relative(y, y_ref) < bound
+        assert all(relative(grads[name], g_ref[name]) < bound for name in g_ref)
+    # A gradient 10⁷ times smaller: fp16 flushes entries to zero, bf16 and fp16 with a
+    # loss scale of 2¹⁰ do not.
+    tiny = dy * 1e-7
+    _, g_tiny = block_backward(block.params, cache, tiny)
+    ref = np.concatenate([g.ravel() for g in g_tiny.values()])
+    clear = np.abs(ref) > 1e-6 * np.abs(ref).max()
+
+    def zeros(to_format, scale):
+        _, grads = low_precision_step(block.params, heads, x, tiny, to_format, scale)
+        return int(np.sum(np.concatenate([grads[k].ravel() for k in g_tiny])[clear] == 0))
+    assert zeros(round_to_fp16, 1.0) > 0.05 * clear.sum()
+    assert zeros(round_to_fp16, 1024.0) == 0
+    assert zeros(round_to_bf16, 1.0) == 0
+    with pytest.raises(ValueError, match="loss_scale must be > 0, got 0"):
+        low_precision_step(block.params, heads, x, dy, round_to_bf16, 0)

@@ -9,10 +9,14 @@ shape by shape. The rest are held against exact references written here: the bub
 of a timeline, the 1F1B order of one stage (warm-up, steady state, cool-down), the peak number
 of micro-batches in flight, the ZeRO bytes per rank, and the activation bytes of Korthikanti et
 al. (2022). The layout that fits is found by trying every tensor-parallel size with the week's
-memory accountant (`dsml.memory`).
+memory accountant (`dsml.memory`). ZB-H1's order is the library's schedule-as-data
+(`dsml.pipeline.schedule`); ZeRO-3's step time with and without prefetch is the prediction
+(`dsml.zero.fsdp_step_prediction`) the notebook holds against the simulator; the bytes a
+data-parallel rank sends per step are read from the step model (`dsml.memory.estimate_step`)
+run on a 1 B/s link with free compute.
 
 This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
-`dsml.memory`),
+`dsml.memory`, `dsml.pipeline`, `dsml.zero`),
 never the top-level `dsml` package, which sits above it.
 """
 from __future__ import annotations
@@ -25,8 +29,11 @@ from dsml.collectives.allreduce import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import Wrong, as_float, checker
-from dsml.memory import GB, Layout, memory_per_rank, params_per_rank, preset, zero_model_state_bytes
+from dsml.memory import (GB, Layout, estimate_step, memory_per_rank, params_per_rank, preset,
+                         zero_model_state_bytes)
 from dsml.net.alphabeta import AlphaBeta
+from dsml.pipeline import schedule
+from dsml.zero import fsdp_step_prediction
 
 
 # --- 5.1: the bytes of tensor parallelism ----------------------------------------------------
@@ -488,3 +495,188 @@ def check_smallest_fitting_tp(smallest_fitting_tp):
                       f"holds more than {gb} GB (10⁹ B).")
         raise Wrong(f"{call} returned {got!r}, expected {expected!r}. {advice}")
     return "right on seven layouts, including one where nothing fits"
+
+
+# --- 5.9: one stage of ZB-H1 -------------------------------------------------------------------
+
+# (stage, stages, microbatches): the first case defers two W's on a middle stage, so the
+# plausible mistakes (no deferral, deferral off by one, every W at the end) give different lists.
+ZB_H1_CASES = [(2, 4, 6), (0, 4, 6), (3, 4, 6), (1, 3, 5), (2, 5, 2), (4, 6, 3), (0, 1, 3),
+               (1, 2, 1)]
+
+
+def zb_h1_reference(stage: int, stages: int, microbatches: int) -> list:
+    """The library's schedule-as-data (`dsml.pipeline.schedule("zb-h1", …)`), as (kind, j)."""
+    ops = schedule("zb-h1", stages, microbatches)[stage]
+    return [(op.kind, op.microbatch) for op in ops]
+
+
+def _without_w(ops) -> list:
+    return [op for op in ops if op[0] != "W"]
+
+
+def _first_w(ops) -> int:
+    """How many B's come before the first W (the W's a stage deferred)."""
+    kinds = [kind for kind, _ in ops if kind in "BW"]
+    return kinds.index("W") if "W" in kinds else -1
+
+
+@checker("5.9", "the order of operations of one ZB-H1 stage")
+def check_zb_h1(zb_h1):
+    for stage, stages, m in ZB_H1_CASES:
+        expected = zb_h1_reference(stage, stages, m)
+        call = f"zb_h1(stage={stage}, stages={stages}, microbatches={m})"
+        got = _as_ops(zb_h1(stage, stages, m), call)
+        if got == expected:
+            continue
+        if sorted(got) != sorted(expected):
+            advice = ("Each micro-batch needs exactly one F, one B and one W on every stage. "
+                      "Perhaps W is missing, or a micro-batch number runs past m − 1.")
+        elif _without_w(got) != _without_w(expected):
+            forwards = [kind for kind, _ in _without_w(got)].index("B")
+            want = [kind for kind, _ in _without_w(expected)].index("B")
+            if forwards == want + 1:
+                advice = ("Leave the W's aside: the F's and B's are 1F1B's, and your stage runs "
+                          "one forward too many before its first B.")
+            elif forwards == m:
+                advice = ("All forwards come first: that is GPipe's order. ZB-H1 keeps 1F1B's "
+                          "order of F and B and only places the W's.")
+            else:
+                advice = ("Without the W's, the order of F and B must be exactly 1F1B's "
+                          "(exercise 5.3), warm-up included.")
+        elif _first_w(got) == 1 and _first_w(expected) > 1:
+            advice = ("Each W follows its B at once here. That is what stage 0 does; a later "
+                      "stage postpones some W's, to fill the idle slots at the end of the step.")
+        elif _first_w(got) == m and _first_w(expected) < m:
+            advice = ("Every W is at the end: then a stage holds every micro-batch until the "
+                      "end, more than 1F1B. How many W's must a stage postpone?")
+        elif abs(_first_w(got) - _first_w(expected)) == 1:
+            advice = (f"The number of W's stage {stage} postpones is off by one: count the "
+                      f"idle slots the last backwards leave on this stage as they travel up.")
+        else:
+            advice = ("After the postponed W's, each B is followed by the W of the oldest "
+                      "micro-batch still waiting for one; the postponed ones come at the end.")
+        raise Wrong(f"{call} returned {got}, expected {expected}. {advice}")
+    return "the split backward's W's placed on first, middle and last stages, m < p included"
+
+
+# --- 5.10: FSDP prefetch -----------------------------------------------------------------------
+
+# Per-layer seconds (gather, scatter, forward, backward), in forward order. The first case
+# mixes layers where compute is longer and layers where the gather is, so that the mistakes
+# below give different numbers; then one layer, compute-bound, communication-bound, no compute.
+PREFETCH_CASES = [
+    ([3.0, 2.0, 4.0, 1.0], [1.0, 0.5, 2.0, 0.25], [2.0, 3.0, 1.0, 5.0], [4.0, 6.0, 2.0, 9.0]),
+    ([2.0], [1.0], [3.0], [5.0]),
+    ([1.0, 1.0, 1.0], [0.5, 0.5, 0.5], [4.0, 4.0, 4.0], [8.0, 8.0, 8.0]),
+    ([5.0, 7.0, 6.0, 5.0, 8.0], [2.0, 3.0, 2.0, 2.0, 3.0], [1.0, 2.0, 1.0, 1.0, 2.0],
+     [2.0, 4.0, 2.0, 2.0, 4.0]),
+    ([1.5, 2.5], [0.75, 1.25], [0.0, 0.0], [0.0, 0.0]),
+]
+
+
+def _prefetch_mistake(gather, scatter, forward, backward, got) -> str:
+    g, s, f, b = gather, scatter, forward, backward
+    last = len(g) - 1
+    close = lambda value: math.isclose(got, value, rel_tol=1e-9, abs_tol=1e-12)  # noqa: E731
+    every_gather_hidden = (sum(max(fi, gi) for fi, gi in zip(f, g))
+                           + sum(max(bi, gi) + si for bi, gi, si in zip(b, g, s)))
+    if close(every_gather_hidden):
+        return ("Every gather is hidden, the first of each pass included, and each behind its "
+                "own layer's compute. A layer cannot start before its own weights arrive.")
+    hidden_scatter = (g[0] + sum(max(f[i], g[i + 1]) for i in range(last)) + f[last] + g[last]
+                      + sum(max(b[i], g[i - 1] + s[i]) for i in range(last, 0, -1))
+                      + b[0] + s[0])
+    if close(hidden_scatter):
+        return ("The reduce-scatters are hidden too. One collective at a time runs on a rank's "
+                "communication stream, and the rank joins the prefetch before each scatter.")
+    wrong_neighbour = (g[0] + sum(max(f[i], g[i + 1]) for i in range(last)) + f[last] + g[last]
+                       + sum(max(b[i], g[i + 1] if i < last else 0) + s[i]
+                             for i in range(last, 0, -1)) + b[0] + s[0])
+    if close(wrong_neighbour):
+        return ("In the backward the layers run in reverse: which layer's weights are needed "
+                "next?")
+    if close(max(sum(f) + sum(b), 2 * sum(g) + sum(s))):
+        return ("That overlaps everything with everything. Each pass's first gather has "
+                "nothing to hide behind, and a layer waits for the longer of two things.")
+    return ("Go layer by layer: what must a layer wait for before it computes, and what can "
+            "run while it does?")
+
+
+@checker("5.10", "the step time of ZeRO-3 with and without prefetch")
+def check_fsdp_step_time(fsdp_step_time):
+    for gather, scatter, forward, backward in PREFETCH_CASES:
+        seconds = {"gather": gather, "scatter": scatter, "forward": forward, "backward": backward}
+        for prefetch in (False, True):
+            expected = fsdp_step_prediction(seconds, prefetch)
+            call = (f"fsdp_step_time(gather={gather}, scatter={scatter}, forward={forward}, "
+                    f"backward={backward}, prefetch={prefetch})")
+            got = as_float(fsdp_step_time(list(gather), list(scatter), list(forward),
+                                          list(backward), prefetch), call)
+            if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
+                continue
+            g, s, f, b = gather, scatter, forward, backward
+            if not prefetch and math.isclose(got, sum(g) + sum(f) + sum(b) + sum(s)):
+                advice = ("ZeRO-3 frees a layer's gathered weights after its forward: the "
+                          "backward must gather them again.")
+            elif not prefetch:
+                advice = ("Without prefetch nothing overlaps: add up every collective and "
+                          "every computation of both passes.")
+            else:
+                advice = _prefetch_mistake(g, s, f, b, got)
+            raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g}. {advice}")
+    return "both passes, with and without prefetch, one layer to five, compute- or comm-bound"
+
+
+# --- 5.11: the step model's data-parallel bytes -----------------------------------------------
+
+# (model, N_d, ZeRO stage, micro-batches). The first case is ZeRO-2 with m = 4 > 1, where a
+# model that charges once per step, or forgets the weights' all-gather, gives another number.
+ZERO_STEP_CASES = [("gpt2", 4, 2, 4), ("gpt2", 6, 3, 3), ("gpt2-medium", 3, 1, 5),
+                   ("gpt2", 5, 0, 2), ("gpt2-medium", 8, 2, 1), ("gpt2", 1, 3, 4),
+                   ("gpt2-medium", 2, 3, 1)]
+
+
+def step_model_data_bytes(model: str, dp: int, zero: int, microbatches: int) -> float:
+    """The bytes the step model (`estimate_step`) charges a data-parallel rank per step: its
+    data-parallel seconds on a 1 B/s link with no latency and compute made free (pp = tp = 1)."""
+    layout = Layout(dp=dp, zero=zero, microbatches=microbatches)
+    free = 1e30
+    estimate = estimate_step(preset(model), layout, device_flops=free, memory_bandwidth=free,
+                             intra_node_bandwidth=1.0, inter_node_bandwidth=1.0,
+                             intra_node_alpha=0.0, inter_node_alpha=0.0)
+    return estimate.data_comm_seconds
+
+
+@checker("5.11", "the bytes a data-parallel rank sends per step, by ZeRO stage")
+def check_zero_step_bytes(zero_step_bytes):
+    for model, nd, stage, m in ZERO_STEP_CASES:
+        psi = params_per_rank(preset(model))
+        expected = step_model_data_bytes(model, nd, stage, m)
+        call = f"zero_step_bytes(psi={psi}, nd={nd}, stage={stage}, microbatches={m})"
+        got = as_float(zero_step_bytes(psi, nd, stage, m), call)
+        if math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-6):
+            continue
+        one = 2 * psi * (nd - 1) / nd          # one ring reduce-scatter or all-gather, bytes
+        if stage >= 2 and m > 1 and math.isclose(got, (3 if stage == 3 else 2) * one):
+            advice = ("That charges ZeRO once per step, as if there were one micro-batch. With "
+                      "gradient accumulation, what must a rank that keeps only its shard of "
+                      "the gradients do after each micro-batch's backward?")
+        elif stage == 3 and math.isclose(got, 2 * m * one):
+            advice = ("ZeRO-3 frees a layer's weights after using them in the forward; the "
+                      "backward needs them again.")
+        elif stage == 1 and math.isclose(got, (m + 1) * one):
+            advice = ("ZeRO-1 keeps whole gradients, so it can accumulate them locally and "
+                      "reduce-scatter once per step.")
+        elif stage in (1, 2) and math.isclose(got + one, expected):
+            advice = ("After the optimizer step each rank holds only its shard of the updated "
+                      "weights: something must bring the whole weights back.")
+        elif nd > 1 and math.isclose(got * (nd - 1) / nd, expected):
+            advice = "A ring collective sends (N_d − 1)/N_d of the buffer from each rank, not all of it."
+        elif math.isclose(got * 2, expected):
+            advice = "Count bytes, not elements: the gradients and weights are 16-bit."
+        else:
+            advice = ("List the collectives of one step: which run once per step and which "
+                      "once per micro-batch, and how many bytes each ring sends from a rank.")
+        raise Wrong(f"{call} returned {got:.6g}, expected {expected:.6g}. {advice}")
+    return "ZeRO 0–3 with gradient accumulation, N_d from 1 to 8, as the step model charges"

@@ -292,3 +292,44 @@ def recomputed_step(block, x, dout, recompute: str = "none"):
         held = held_bytes(_activations(block))
     dx, grads = block.backward_with_input(dout)
     return dx, grads, held
+
+
+# -- cell 230
+def round_to_bf16(x):
+    """x rounded to bfloat16, returned as float32 (whose low 16 bits are then zero):
+    round to nearest, ties to even, on the upper 16 bits of the float32 bit pattern.
+    Infinities stay infinite, NaN stays NaN, values past bf16's largest overflow to ±inf."""
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
+    lowest_kept = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = (bits + np.uint32(0x7FFF) + lowest_kept) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)   # keep NaN a NaN
+    return np.where(np.isnan(x), quiet_nan, rounded).view(np.float32)
+
+
+def round_to_fp16(x):
+    """x rounded to IEEE half precision (NumPy's float16), returned as float32."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+def _rounded(item, to_format):
+    """Every array inside `item` (nested tuples of arrays and other values) rounded."""
+    if isinstance(item, tuple):
+        return tuple(_rounded(part, to_format) for part in item)
+    return to_format(item) if isinstance(item, np.ndarray) else item
+
+
+def low_precision_step(params: dict, heads: int, x, dy, to_format, loss_scale: float = 1.0):
+    """The block's forward and backward in a 16-bit format emulated by `to_format`
+    (round_to_bf16 or round_to_fp16): weights, input, the output, every kept activation, the
+    scaled upstream gradient dy·loss_scale and every weight gradient are rounded to it; the
+    arithmetic in between runs in float32. Returns (y, gradients as float64 with the loss scale
+    divided out) — a gradient flushed to zero by the format stays zero."""
+    if not loss_scale > 0:
+        raise ValueError(f"loss_scale must be > 0, got {loss_scale!r}")
+    low = {name: to_format(value) for name, value in params.items()}
+    y, cache = block_forward(low, heads, to_format(x))
+    cache = _rounded(cache, to_format)
+    _, grads = block_backward(low, cache, to_format(np.asarray(dy) * loss_scale))
+    return to_format(y), {name: to_format(g).astype(np.float64) / loss_scale
+                          for name, g in grads.items()}
