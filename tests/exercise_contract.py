@@ -259,7 +259,7 @@ def assert_exercise_cells_match_checkers(week: int, cells, solution: ModuleType)
     cell per exercise with the answer's name, the reference solution's parameters, the stub
     line, and the `check(...)` call."""
     assert cells[0][0] == "markdown" and cells[0][1].lstrip().startswith("## Exercises")
-    headings = [re.match(r"### Exercise (\d+\.\d+) — ", source.lstrip())
+    headings = [re.match(r"### Exercise (\d+[a-z]?\.\d+) — ", source.lstrip())
                 for kind, source in cells if kind == "markdown"]
     assert [m.group(1) for m in headings if m] == exercise_ids(week)
     for entry in checkers(week=week):

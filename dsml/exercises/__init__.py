@@ -61,7 +61,7 @@ PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 DEFAULT_TIME_LIMIT = 30.0    # s a checker gives the learner's answers (see the docstring)
 ALARM_REPEAT = 2.0           # s between further alarms, if the first one's exception was lost
 _SYMBOL = {PASSED: "✓", FAILED: "✗", NOT_ATTEMPTED: "·"}
-_ID_PATTERN = re.compile(r"^(\d+)\.(\d+)$")
+_ID_PATTERN = re.compile(r"^(\d+[a-z]?)\.(\d+)$")   # "5.1", or "5c.1" for a bonus notebook
 
 
 class Wrong(Exception):
@@ -102,8 +102,9 @@ class Checker:
     time_limit: float = DEFAULT_TIME_LIMIT
 
     @property
-    def week(self) -> int:
-        return int(self.exercise_id.split(".")[0])
+    def week(self) -> int | str:
+        """The week: 5 for "5.1", "5c" for a bonus notebook's "5c.1"."""
+        return _week_of(self.exercise_id)
 
 
 _REGISTRY: dict[str, Checker] = {}
@@ -131,11 +132,23 @@ def checker(exercise_id: str, title: str, time_limit: float = DEFAULT_TIME_LIMIT
 
 # --- finding checkers --------------------------------------------------------------------
 
+def _week_of(exercise_id: str) -> int | str:
+    """The part of an id before its last dot: an int for a week, a string ("5c") for a bonus."""
+    week = exercise_id.rsplit(".", 1)[0]
+    return int(week) if week.isdigit() else week
+
+
+def _week_key(week: str):
+    """Sorts "5" < "5b" < "5c" < "6"."""
+    digits = week.rstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(digits), week[len(digits):]
+
+
 def _week_modules() -> list[str]:
-    """Names of the week modules in this package: week1, week2, ..."""
+    """Names of the week modules in this package: week1, week2, ..., week5c, ..."""
     return sorted((info.name for info in pkgutil.iter_modules(__path__)
-                   if re.fullmatch(r"week\d+", info.name)),
-                  key=lambda name: int(name[4:]))
+                   if re.fullmatch(r"week\d+[a-z]?", info.name)),
+                  key=lambda name: _week_key(name[4:]))
 
 
 def _load_week(week: str) -> None:
@@ -144,8 +157,8 @@ def _load_week(week: str) -> None:
 
 
 def _sort_key(exercise_id: str):
-    week, number = exercise_id.split(".")
-    return int(week), int(number)
+    week, number = exercise_id.rsplit(".", 1)
+    return _week_key(week), int(number)
 
 
 def known_ids() -> list[str]:
