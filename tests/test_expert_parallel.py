@@ -225,3 +225,20 @@ def test_bad_input_names_the_argument(call, words):
 def test_softmax_rows_sum_to_one():
     rows = softmax(np.array([[1000.0, 0.0], [-5.0, -5.0]]))
     assert np.allclose(rows.sum(axis=1), 1) and np.allclose(rows[1], 0.5)
+
+
+def test_the_notebooks_quick_search_picks_what_the_full_search_picks():
+    from dataclasses import replace
+    mixtral = TransformerConfig.llama_style(32, 4096, 32, 32000, 4096, ffn_hidden=14336,
+                                            kv_heads=8)
+    dense = replace(preset("llama2-7b"), seq_len=32768)
+    rules = [lambda l: True, lambda l: l.cp == 1, lambda l: l.cp == 1 and l.ep == 1]
+    for config, moe, batch in [(dense, None, 64), (mixtral, MoE(8, 2), 256)]:
+        quick = search_parallel_layouts(config, 64, batch, 80e9, moe, micro_batches=(1, 2),
+                                        recompute=("selective",))
+        full = search_parallel_layouts(config, 64, batch, 80e9, moe, micro_batches=(1, 2, 4),
+                                       recompute=("selective", "full"))
+        for rule in rules:
+            picked = [next(r.layout for r in results if rule(r.layout))
+                      for results in (quick, full)]
+            assert picked[0] == picked[1]
