@@ -518,6 +518,7 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
 # -- cell 39
 @dataclass(frozen=True)
 class ParallelResult:
+    """One layout of the search: the layout, the bytes on its most loaded rank, its step."""
     layout: ParallelLayout
     bytes: float
     step: ParallelEstimate

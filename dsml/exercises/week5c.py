@@ -64,8 +64,8 @@ def check_dropped_tokens(dropped_tokens):
             advice = ("That looks like the number of experts over capacity; count the tokens "
                       "each of them turns away.")
         else:
-            advice = ("Count each expert's requests; the ones beyond its slots, ⌈c·T/E⌉, "
-                      "are dropped.")
+            advice = ("Count each expert's requests and compare them with the slots it has "
+                      "(section 2's capacity): only the excess is dropped.")
         raise Wrong(f"{call} returned {got:g}; the notebook's router drops {expected}. {advice}")
     return "matches the notebook's router, c from 0.5 to 2"
 
@@ -121,8 +121,8 @@ def check_dispatch_bytes(dispatch_bytes):
         elif math.isclose(got * itemsize, expected):
             advice = "Count bytes, not values: multiply by the itemsize."
         else:
-            advice = ("The buffer holds E × C × h values, C slots per expert; the rank keeps "
-                      "its own experts' part and sends the rest.")
+            advice = ("Picture section 3's fixed-size dispatch buffer: how many slots does "
+                      "each expert get, and which part of the buffer never leaves the rank?")
         raise Wrong(f"{call} returned {got:g}; the simulator measured {expected} B sent by "
                     f"rank 0 in the dispatch. {advice}")
     return "matches the bytes read from the simulator's trace, ep = 1 to 8"
