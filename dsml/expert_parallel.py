@@ -215,7 +215,9 @@ def moe_forward(params: dict, x, k: int = 1, capacity_factor: float = 1.25):
     top-k routing with capacity ⌈factor·T·k/E⌉, dispatch, the E experts, combine.
     Returns (y (T, h), cache for moe_backward)."""
     x = np.asarray(x)
-    experts = params["router"].shape[1]
+    hidden, experts = params["router"].shape
+    if x.ndim != 2 or x.shape[1] != hidden:
+        raise ValueError(f"x must be (tokens, hidden={hidden}), got shape {x.shape}")
     capacity = expert_capacity(x.shape[0], experts, k, capacity_factor)
     probs = softmax(x @ params["router"])
     expert, slot, gate = route(probs, k, capacity)

@@ -242,3 +242,8 @@ def test_the_notebooks_quick_search_picks_what_the_full_search_picks():
             picked = [next(r.layout for r in results if rule(r.layout))
                       for results in (quick, full)]
             assert picked[0] == picked[1]
+
+
+def test_moe_forward_names_a_wrong_input_shape():
+    with pytest.raises(ValueError, match=r"x must be \(tokens, hidden=6\), got shape \(3, 5\)"):
+        moe_forward(perturbed(), np.zeros((3, 5)))
