@@ -25,6 +25,7 @@ LAYERS = {
     "dsml.pipeline": 6,
     "dsml.zero": 6,
     "dsml.memory": 6,
+    "dsml.expert_parallel": 6,
     "dsml.fault": 6,
     "dsml.fault_batch": 6,
     "dsml.checkpoint": 6,
