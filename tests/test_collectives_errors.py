@@ -314,3 +314,37 @@ def test_real_arrays_take_exactly_the_time_of_placeholders(op, algorithm):
             formula = cost(op, algorithm, p, total, NET.alpha, NET.beta, NET.gamma)
             assert math.isclose(floats, formula, rel_tol=1e-12), \
                 f"{op}/{algorithm} p={p}: simulated {floats}, formula {formula}"
+
+
+# --- bool arrays: "sum" would be a logical OR -------------------------------------------------
+
+REDUCING = [("allreduce", "sum"), ("allreduce", "mean"), ("reduce", "sum"),
+            ("reduce_scatter", "sum")]
+
+
+@pytest.mark.parametrize("engine", ["sim"] + REAL_ENGINES)
+@pytest.mark.parametrize("op, reduction", REDUCING, ids=[f"{o}-{r}" for o, r in REDUCING])
+def test_summing_bool_arrays_is_refused_with_the_way_out(engine, op, reduction):
+    inputs = [np.array([True, True, False, r == 0]) for r in range(3)]
+    with pytest.raises(RankError) as info:
+        run(engine, collective_program, 3, (op, inputs, {"op": reduction}))
+    message = str(info.value)
+    assert f"{op}: op={reduction!r} on a bool array would be a logical OR" in message, message
+    assert "x.astype(np.int64)" in message and "op='max'" in message
+    assert "did not finish within the timeout" not in message
+
+
+@pytest.mark.parametrize("op, reduction, expected",
+                         [("allreduce", "max", [True, True, False, True]),
+                          ("allreduce", "min", [True, True, False, False]),
+                          ("reduce", "prod", [True, True, False, False])])
+def test_bool_arrays_with_max_min_prod_mean_any_and_all(op, reduction, expected):
+    inputs = [np.array([True, True, False, r == 0]) for r in range(3)]
+    values = run("sim", collective_program, 3, (op, inputs, {"op": reduction})).values
+    assert values[0].dtype == np.bool_ and values[0].tolist() == expected
+
+
+def test_counting_true_values_after_the_suggested_cast():
+    inputs = [np.array([True, True, False, r == 0]).astype(np.int64) for r in range(3)]
+    values = run("sim", collective_program, 3, ("allreduce", inputs, {"op": "sum"})).values
+    assert all(v.tolist() == [3, 3, 0, 1] for v in values)
