@@ -74,13 +74,14 @@ def ring_pass(comm, x, rounds: int):
     return x
 
 
-def predict_ring_pass_time(p: int, nbytes: float, rounds: int, latency: float,
-                           bandwidth: float, chunks: int) -> float:
-    """Exercise 1.8: rounds·(k + 1)(α + nβ/k) s on star(p) with k chunks, β = 1/bandwidth,
-    for p ≥ 2 and k dividing n: each message crosses 2 links (host → switch → host),
-    pipelined in k chunks, and the p messages of a round use distinct directed links."""
+def predict_ring_pass_time(p: int, nbytes: float, rounds: int, overhead: float,
+                           latency: float, bandwidth: float, chunks: int) -> float:
+    """Exercise 1.8: rounds·(o + (k + 1)(ℓ + nβ/k)) s on star(p) with host overhead o, hop
+    latency ℓ, k chunks and β = 1/bandwidth, for p ≥ 2 and k dividing n: each message pays o
+    once, crosses 2 links (host → switch → host) pipelined in k chunks, and the p messages of
+    a round use distinct directed links."""
     beta = 1 / bandwidth
-    return rounds * (chunks + 1) * (latency + nbytes * beta / chunks)
+    return rounds * (overhead + (chunks + 1) * (latency + nbytes * beta / chunks))
 
 
 def torus_bisection_links(rows: int, cols: int) -> int:

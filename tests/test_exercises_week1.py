@@ -140,18 +140,28 @@ def ring_pass_not_generator(comm, x, rounds):
 
 
 # 1.8: store-and-forward over the two hops: ignores the chunks.
-def ring_star_ignores_chunks(p, nbytes, rounds, latency, bandwidth, chunks):
-    return rounds * 2 * (latency + nbytes / bandwidth)
+def ring_star_ignores_chunks(p, nbytes, rounds, overhead, latency, bandwidth, chunks):
+    return rounds * (overhead + 2 * (latency + nbytes / bandwidth))
 
 
 # 1.8: one hop per message, as on AlphaBeta: ignores the switch.
-def ring_star_ignores_switch(p, nbytes, rounds, latency, bandwidth, chunks):
-    return rounds * (latency + nbytes / bandwidth)
+def ring_star_ignores_switch(p, nbytes, rounds, overhead, latency, bandwidth, chunks):
+    return rounds * (overhead + latency + nbytes / bandwidth)
 
 
 # 1.8: h·k chunk-times per round: the chunks do not overlap across the two hops.
-def ring_star_chunks_not_pipelined(p, nbytes, rounds, latency, bandwidth, chunks):
-    return rounds * 2 * chunks * (latency + nbytes / bandwidth / chunks)
+def ring_star_chunks_not_pipelined(p, nbytes, rounds, overhead, latency, bandwidth, chunks):
+    return rounds * (overhead + 2 * chunks * (latency + nbytes / bandwidth / chunks))
+
+
+# 1.8: the host overhead paid again by every chunk on every hop, like the hop latency.
+def ring_star_overhead_per_chunk(p, nbytes, rounds, overhead, latency, bandwidth, chunks):
+    return rounds * (chunks + 1) * (overhead + latency + nbytes / bandwidth / chunks)
+
+
+# 1.8: forgets the host overhead.
+def ring_star_no_overhead(p, nbytes, rounds, overhead, latency, bandwidth, chunks):
+    return rounds * (chunks + 1) * (latency + nbytes / bandwidth / chunks)
 
 
 # 1.9: forgets the wrap-around links: cuts each ring once.
@@ -174,7 +184,8 @@ WRONG = {
     "1.7": [ring_pass_receive_first, ring_pass_leftward, ring_pass_keeps_own,
             ring_pass_one_round_short, ring_pass_not_generator],
     "1.8": [ring_star_ignores_chunks, ring_star_ignores_switch,
-            ring_star_chunks_not_pipelined],
+            ring_star_chunks_not_pipelined, ring_star_overhead_per_chunk,
+            ring_star_no_overhead],
     "1.9": [bisection_no_wraparound, bisection_half_hosts],
 }
 
@@ -266,7 +277,7 @@ def test_ring_pass_hints_tell_one_round_short_from_the_wrong_direction():
     ("1.4", (1e6, 3, 10e-6, 1e-9), 14),
     ("1.5", (6, 1e6, 10e-6, 1e-10), 550e-6),
     ("1.6", (1000, 2e-6, 1e-6, 3e-6, 1e-9), 4.999e-6),
-    ("1.8", (4, 1e6, 2, 5e-6, 10e9, 4), 300e-6),
+    ("1.8", (4, 1e6, 2, 1e-6, 0.3e-6, 10e9, 4), 255e-6),
     ("1.9", (4, 8), 8),
 ])
 def test_worked_examples_in_the_statements_are_right(exercise_id, arguments, stated):
@@ -325,10 +336,12 @@ def test_simulated_checks_measure_rather_than_assume():
     assert math.isclose(simulate_shifted_exchange(5, 1000, alpha, beta),
                         solution.shifted_exchange_time(5, 1000, alpha, beta), rel_tol=1e-12)
     # k does not divide n: the first n mod k chunks are one byte larger, so each round
-    # takes ⌈n/k⌉β − nβ/k longer than (k + 1)(α + nβ/k).
-    p, nbytes, rounds, latency, bandwidth, chunks = 5, 100_001, 2, 2e-6, 25e9, 4
-    simulated = simulate_ring_pass_on_star(p, nbytes, rounds, latency, bandwidth, chunks)
-    closed = solution.predict_ring_pass_time(p, nbytes, rounds, latency, bandwidth, chunks)
+    # takes ⌈n/k⌉β − nβ/k longer than o + (k + 1)(ℓ + nβ/k).
+    p, nbytes, rounds, overhead, latency, bandwidth, chunks = 5, 100_001, 2, 1e-6, 3e-7, 25e9, 4
+    simulated = simulate_ring_pass_on_star(p, nbytes, rounds, overhead, latency, bandwidth,
+                                           chunks)
+    closed = solution.predict_ring_pass_time(p, nbytes, rounds, overhead, latency, bandwidth,
+                                             chunks)
     extra = rounds * (math.ceil(nbytes / chunks) - nbytes / chunks) / bandwidth
     assert not math.isclose(simulated, closed, rel_tol=1e-9)
     assert math.isclose(simulated, closed + extra, rel_tol=1e-12)
@@ -339,7 +352,7 @@ def test_ring_pass_on_star_cases_keep_the_closed_form_exact():
     from dsml.exercises.week1 import RING_PASS_ON_STAR_CASES
     assert any(chunks == 1 for *_, chunks in RING_PASS_ON_STAR_CASES)
     assert any(chunks > 1 for *_, chunks in RING_PASS_ON_STAR_CASES)
-    for p, nbytes, rounds, latency, bandwidth, chunks in RING_PASS_ON_STAR_CASES:
+    for p, nbytes, rounds, overhead, latency, bandwidth, chunks in RING_PASS_ON_STAR_CASES:
         assert nbytes > 0 and nbytes % chunks == 0, (nbytes, chunks)
 
 

@@ -14,6 +14,8 @@ from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce
 # -- cell 32
 import numpy as np
 
+from dsml.collectives.checks import reducing
+
 ALLREDUCE_ALGORITHMS = ("naive", "ring", "recursive_doubling", "halving_doubling", "tree")
 
 
@@ -22,6 +24,7 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
     on every rank); op "mean" divides the sum by p. Every rank gets bit-identical results."""
     check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
     check_op(op, tuple(OPS) + ("mean",))
+    comm = reducing(comm, x, op, "allreduce")   # bool sums refused; one tag per op
     ufunc = OPS["sum" if op == "mean" else op]
     data = flat(x)                       # only read: every algorithm writes its own buffers
     try:

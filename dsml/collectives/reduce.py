@@ -8,6 +8,8 @@ from dsml.collectives.reduce_scatter import reduce_scatter_halving_blocks
 # -- cell 23
 import numpy as np
 
+from dsml.collectives.checks import reducing
+
 REDUCE_ALGORITHMS = ("naive", "binomial", "rabenseifner")
 
 
@@ -16,6 +18,7 @@ def reduce(comm, x, root: int = 0, op: str = "sum", algorithm: str = "binomial")
     check_algorithm("reduce", algorithm, REDUCE_ALGORITHMS)
     root = check_root(comm, root)
     ufunc = OPS[check_op(op)]
+    comm = reducing(comm, x, op, "reduce")   # bool sums refused; one tag per op
     data = copy(flat(x))
     try:
         if comm.size > 1:

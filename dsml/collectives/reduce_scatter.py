@@ -7,6 +7,8 @@ from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_s
 # -- cell 26
 import numpy as np
 
+from dsml.collectives.checks import reducing
+
 REDUCE_SCATTER_ALGORITHMS = ("ring", "recursive_halving")
 
 
@@ -15,6 +17,7 @@ def reduce_scatter(comm, x, op: str = "sum", algorithm: str = "ring"):
     blocks cut as np.array_split(result, p) cuts them (along axis 0)."""
     check_algorithm("reduce_scatter", algorithm, REDUCE_SCATTER_ALGORITHMS)
     ufunc = OPS[check_op(op)]
+    comm = reducing(comm, x, op, "reduce_scatter")   # bool sums refused; one tag per op
     data = flat(x)
     row = int(np.prod(x.shape[1:])) if isinstance(x, np.ndarray) and x.ndim > 1 else 1
     rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim else length(data)

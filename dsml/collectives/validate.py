@@ -72,14 +72,23 @@ def measure_allreduce(p: int, sizes, algorithms=("ring",), engine: str = "proces
     """{algorithm: seconds per all-reduce, per size}: the median over `repeats` runs of the
     slowest rank's `timed_allreduce` (float64). Every repeat runs each algorithm once, in
     turn, so that a burst of load elsewhere hits them alike. `network`: engine "sim" only."""
+    runs = measure_allreduce_runs(p, sizes, algorithms, engine, repeats, budget, most, network)
+    return {a: [float(np.median([r[i] for r in runs[a]])) for i in range(len(sizes))]
+            for a in algorithms}
+
+
+def measure_allreduce_runs(p: int, sizes, algorithms=("ring",), engine: str = "processes",
+                           repeats: int = 3, budget: int = BUDGET, most: int = 200,
+                           network=None) -> dict:
+    """{algorithm: one list per repeat of seconds per all-reduce, per size}: the runs whose
+    median `measure_allreduce` takes, kept for their spread."""
     runs = {a: [] for a in algorithms}
     for _ in range(repeats):
         for algorithm in algorithms:
             values = run(timed_allreduce, p, engine=engine, network=network, trace=False,
                          args=(list(sizes), algorithm, "float64", budget, most)).values
             runs[algorithm].append(slowest_rank(values))
-    return {a: [float(np.median([r[i] for r in runs[a]])) for i in range(len(sizes))]
-            for a in algorithms}
+    return runs
 
 
 def predicted_allreduce(p: int, nbytes: int, network, algorithm: str = "ring",
@@ -101,6 +110,7 @@ class Validation(NamedTuple):
     nbytes: int
     measured: float
     predicted: float
+    runs: tuple = ()      # seconds per all-reduce in each repeat; `measured` is their median
 
     @property
     def error(self) -> float:
@@ -120,12 +130,13 @@ def validate(network, engine: str = "processes", algorithms=ALLREDUCE_ALGORITHMS
             raise ValueError(f"sizes must be multiples of 8 bytes (float64), got {nbytes!r}")
     rows = []
     for p in world_sizes:
-        measured = measure_allreduce(p, sizes, algorithms, engine, repeats, budget, most)
+        runs = measure_allreduce_runs(p, sizes, algorithms, engine, repeats, budget, most)
         for algorithm in algorithms:
-            for nbytes, seconds in zip(sizes, measured[algorithm]):
-                rows.append(Validation(algorithm, p, nbytes, seconds,
+            for i, nbytes in enumerate(sizes):
+                each = tuple(r[i] for r in runs[algorithm])
+                rows.append(Validation(algorithm, p, nbytes, float(np.median(each)),
                                        predicted_allreduce(p, nbytes, network, algorithm,
-                                                           budget, most)))
+                                                           budget, most), each))
                 if report is not None:
                     report(rows[-1])
     return rows

@@ -95,6 +95,9 @@ def snapshot(payload: Any) -> Any:
 
 
 # -- cell 30
+from dsml.comm.tags import tag_words   # "tag 7", or with a meaning a later layer gave it
+
+
 class Request:
     """Something a rank program yields; an engine decides what it costs and does."""
     __slots__ = ()
@@ -121,7 +124,7 @@ class Send(Request):
         self.dst, self.payload, self.tag, self.nbytes = dst, payload, tag, nbytes
 
     def describe(self):
-        return f"waits to finish sending {self.nbytes} B to rank {self.dst} (tag {self.tag})"
+        return f"waits to finish sending {self.nbytes} B to rank {self.dst} ({tag_words(self.tag)})"
 
 
 class Recv(Request):
@@ -132,7 +135,7 @@ class Recv(Request):
         self.src, self.tag = src, tag
 
     def describe(self):
-        return f"waits for a message from rank {self.src} (tag {self.tag})"
+        return f"waits for a message from rank {self.src} ({tag_words(self.tag)})"
 
 
 class SendRecv(Request):
@@ -148,7 +151,7 @@ class SendRecv(Request):
         self.nbytes = nbytes
 
     def describe(self):
-        return (f"waits in sendrecv for a message from rank {self.src} (tag {self.tag}) "
+        return (f"waits in sendrecv for a message from rank {self.src} ({tag_words(self.tag)}) "
                 f"while sending to rank {self.dst}")
 
 

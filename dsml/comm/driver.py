@@ -44,6 +44,7 @@ import numpy as np
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
                            RunResult, Send, SendRecv, payload_nbytes, start_rank)
 from dsml.comm.mistakes import not_a_request, returned_generator
+from dsml.comm.tags import tag_words
 from dsml.sim import DeadlockError, Trace
 
 # States in a Status record.
@@ -116,9 +117,9 @@ class Status:
             return f"rank {rank}", "finished"
         who = f"rank {rank}" if activity == 0 else f"rank {rank} activity {activity}"
         if state == RECEIVING and peer == ANY_SOURCE:
-            text = f"waits for a message from any rank (tag {tag})"
+            text = f"waits for a message from any rank ({tag_words(tag)})"
         elif state == RECEIVING:
-            text = f"waits for a message from rank {peer} (tag {tag})"
+            text = f"waits for a message from rank {peer} ({tag_words(tag)})"
         elif state == JOINING:
             text = f"waits in join for its activity {peer} to finish"
         else:

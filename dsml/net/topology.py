@@ -153,8 +153,8 @@ def transmit(self, src: int, dst: int, nbytes: int, on_sent, on_delivered, messa
 
 
 # -- cell 84
-# Realistic values for `latency` (per hop) and `overhead` (per message); the builders keep
-# today's defaults (1 µs a hop, no overhead), which week 1's figures were drawn with.
+# Realistic values for `latency` (per hop) and `overhead` (per message), used by sections
+# 10-11 and week 2; the builders' own defaults stay 1 µs a hop and no overhead.
 CUT_THROUGH_HOP = 300e-9   # s: cut-through Ethernet switches forward in 250 ns (Cisco Nexus
 #                            3548) to about 380 ns (Arista 7150), 2012 launch figures
 HOST_OVERHEAD = 1e-6       # s: one-byte RDMA over InfiniBand HDR takes 1.2 µs end to end
