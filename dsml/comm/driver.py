@@ -289,7 +289,9 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     an all-to-all, so when it is through, every rank has started — the common start, from
     which its clock runs. Exceptions (the program's, or the transport's) propagate.
     """
-    gen = start_rank(program, Comm(rank, size), args, kwargs)
+    comm = Comm(rank, size)
+    comm.tracing = record_trace      # no trace: collectives skip their enclosing slice (spans)
+    gen = start_rank(program, comm, args, kwargs)
     transport.connect(size)
     sent = [0] * size          # user messages sent to each peer (the hellos do not count)
     received = [0] * size      # user messages taken by a receive from each peer
