@@ -67,7 +67,8 @@ from dsml.collectives import ALLREDUCE_ALGORITHMS, busbw_factor  # noqa: E402
 from dsml.collectives.buffers import block_sizes  # noqa: E402
 from dsml.collectives.validate import (BUDGET, allreduce_iterations, slowest_rank,  # noqa: E402
                                        timed_allreduce)
-from dsml.comm.mpi import find_mpiexec, mpiexec_command, mpiexec_env  # noqa: E402
+from dsml.comm.mpi import (find_mpiexec, mpiexec_command, mpiexec_env,  # noqa: E402
+                           unlink_mpich_segments)
 
 ENGINES = ("dsml", "mpi", "gloo", "dsml-mpi", "plain")
 RESULT_MARK = "RESULT "        # a worker's line of JSON results on stdout starts with this
@@ -113,6 +114,8 @@ def run_dsml(p, sizes, quick):
 def mpi_worker(sizes, quick):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    comm.Barrier()               # all through MPI_Init: MPICH's /dev/shm file can go (a killed
+    unlink_mpich_segments()      # job would leave it), as dsml's engine does
     p, rank = comm.Get_size(), comm.Get_rank()
     times = []
     for nbytes in sizes:

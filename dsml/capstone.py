@@ -13,6 +13,8 @@ import numpy as np
 
 from dsml.collectives import Group, allreduce
 from dsml.comm.failures import PeerFailed
+from dsml.comm.run import run
+from dsml.sim_support import check_max_events, check_timeout
 from dsml.train.models import accuracy
 from dsml.utils import add_to_class
 
@@ -283,6 +285,18 @@ def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, bat
         return {"status": "idle", "rank": comm.rank, "ledger": [], "curve": [], "end": 0.0}
     result = yield from rank.run_rank()
     return result
+
+
+def run_capstone(world: int, network, model, optimizer, X, y, X_test, y_test, steps: int,
+                 batch: int, lr: float, max_events: int | None = None,
+                 timeout: float | None = None, trace: bool = True, **settings):
+    """capstone_train on `world` simulated ranks over `network` (failures="notify"); settings
+    are its keywords. `max_events` and `timeout` are the simulator's limits (dsml.sim_support:
+    None for the defaults; a longer run passes more), refused before the run if invalid."""
+    max_events, timeout = check_max_events(max_events), check_timeout(timeout)
+    return run(capstone_train, world, engine="sim", network=network, failures="notify",
+               args=(model, optimizer, X, y, X_test, y_test, steps, batch, lr),
+               kwargs=settings, trace=trace, max_events=max_events, timeout=timeout)
 
 
 # -- cell 236

@@ -22,6 +22,8 @@ Checks:
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -255,6 +257,23 @@ def check_raises(p, bad_rank):
     return "the run returned although a rank raised"        # not reached: the job aborts
 
 
+def check_killed(p, victim):
+    """Rank `victim` SIGKILLs itself in the middle of a run; the launcher then ends the job
+    (no process runs MPI_Finalize or abort_job)."""
+    on_mpi(killed_in, p, (int(victim),))
+    return "the run returned although a rank was killed"     # not reached
+
+
+def killed_in(comm, victim):
+    from dsml.collectives import allreduce
+    x = np.ones(1000)
+    for step in range(1_000_000):
+        if step == 3 and comm.rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = yield from allreduce(comm, x / comm.size)
+    return float(x[0])
+
+
 def check_hangs(p, timeout):
     on_mpi(waits_forever, p, timeout=float(timeout))
     return "the run returned although rank 0 never got its message"
@@ -271,7 +290,7 @@ def check_unreceived(p):
 
 CHECKS = {"collectives": check_collectives, "training": check_training,
           "activities": check_activities, "trace": check_trace, "payloads": check_payloads,
-          "raises": check_raises,
+          "raises": check_raises, "killed": check_killed,
           "hangs": check_hangs, "unreceived": check_unreceived}
 
 

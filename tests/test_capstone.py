@@ -225,3 +225,24 @@ def test_make_compressor():
     assert make_compressor("topk", 0.5, [(3,)]).name.endswith("+ EF")
     with pytest.raises(ValueError, match="compressor must be one of"):
         make_compressor("zip", 0.5, [(3,)])
+
+
+def test_run_capstone_passes_the_simulators_limits_and_refuses_bad_ones():
+    from dsml.capstone import run_capstone
+    from dsml.sim import LimitExceeded
+    from dsml.sim_support import DEFAULT_MAX_EVENTS
+    problem = (3, NETWORK, MLP(SIZES, seed=3), Adam(0.01), X_TRAIN, Y_TRAIN, X_TEST, Y_TEST, 4,
+               50, 0.01)
+    settings = dict(seconds_per_sample=1e-4, detect_seconds=1e-3, seed=3, compressor="none")
+    roomy = run_capstone(*problem, max_events=2 * DEFAULT_MAX_EVENTS, timeout=600, **settings)
+    same = capstone(3, steps=4, compressor="none")          # through dsml.run, default limits
+    assert roomy.time == same.time
+    assert capstone_report(roomy)["curve"] == capstone_report(same)["curve"]
+    with pytest.raises(LimitExceeded, match="max_events=50 "):
+        run_capstone(*problem, max_events=50, **settings)
+    for bad in (1.5, "10", -1, 0, True, float("nan")):
+        with pytest.raises(ValueError, match="max_events must be an integer ≥ 1"):
+            run_capstone(*problem, max_events=bad, **settings)
+    for bad in (0, -1.0, "5", float("nan")):
+        with pytest.raises(ValueError, match="timeout must be > 0"):
+            run_capstone(*problem, timeout=bad, **settings)

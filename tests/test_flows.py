@@ -337,3 +337,32 @@ def test_incremental_rates_match_a_from_scratch_solution_on_random_traffic(seed)
     expected = reference_max_min(flows, {l: 1 / per_byte for l, (_, per_byte) in net.links.items()})
     for r, want in zip(senders, expected):
         assert math.isclose(ends[(r, dst[r])], want, rel_tol=1e-6), (r, ends[(r, dst[r])], want)
+
+
+def test_a_message_started_ahead_of_time_yields_to_one_that_starts_first():
+    """Rank 0 → 3 (3 hops) is sent first onto idle links, so it is started ahead of time;
+    rank 2 → 3 (1 hop, sent 0.5 µs later) reaches the shared link 2→3 before it. Both then
+    follow max-min fairness from the moment each really starts (closed form below)."""
+    hop, bandwidth, n = 1e-6, 1e9, 10_000
+    net = ring(8, latency=hop, bandwidth=bandwidth, sharing="fair")
+
+    def program(comm):
+        if comm.rank == 2:
+            yield comm.compute(0.5e-6)
+        if comm.rank in (0, 2):
+            yield comm.send(3, SizeOnly(n))
+        elif comm.rank == 3:
+            yield comm.recv(0)
+            yield comm.recv(2)
+
+    result = dsml.run(program, 8, network=net)
+    sent = {r.rank: r.end for r in result.trace if r.op == "send"}    # ends when delivered
+    start_a, start_b = 3 * hop, 0.5e-6 + hop                          # B starts first
+    assert start_b < start_a
+    alone_b = bandwidth * (start_a - start_b)                         # B's bytes before A
+    end_b = start_a + (n - alone_b) / (bandwidth / 2)                 # then half the link each
+    end_a = end_b + (n - (end_b - start_a) * bandwidth / 2) / bandwidth
+    assert sent[2] == pytest.approx(end_b, rel=1e-12)
+    assert sent[0] == pytest.approx(end_a, rel=1e-12)
+    assert net.flows.recomputations >= 2
+    assert net.link_bytes[(2, 3)] == 2 * n and net.link_bytes[(0, 1)] == n

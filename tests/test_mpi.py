@@ -153,6 +153,19 @@ def test_a_timeout_ends_the_job_saying_what_each_rank_waits_for():
     assert orphaned_mpich_segments() <= before, "the aborted job left shared memory behind"
 
 
+@needs_mpiexec
+def test_a_sigkilled_rank_leaves_no_shared_memory_behind():
+    """Nobody gets to clean up after SIGKILL (no MPI_Finalize, no abort_job): the run itself
+    unlinked MPICH's files as soon as every process was through MPI_Init."""
+    before = orphaned_mpich_segments()
+    job = launch(4, "killed", 1)
+    assert job.returncode != 0
+    output = job.stdout + job.stderr
+    assert "OK killed" not in output
+    assert "Traceback" not in output, output          # killed, not failed (which aborts)
+    assert orphaned_mpich_segments() <= before, "the killed job left shared memory behind"
+
+
 # --- the command line under mpiexec ------------------------------------------------------------
 
 def launch_cli(n, *argv):

@@ -44,6 +44,7 @@ import numpy as np
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
                            RunResult, Send, SendRecv, payload_nbytes, start_rank)
 from dsml.comm.mistakes import not_a_request, returned_generator
+from dsml.comm.spans import Span
 from dsml.comm.tags import tag_words
 from dsml.sim import DeadlockError, Trace
 
@@ -289,7 +290,9 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     an all-to-all, so when it is through, every rank has started — the common start, from
     which its clock runs. Exceptions (the program's, or the transport's) propagate.
     """
-    gen = start_rank(program, Comm(rank, size), args, kwargs)
+    comm = Comm(rank, size)
+    comm.tracing = record_trace      # no trace: collectives skip their enclosing slice (spans)
+    gen = start_rank(program, comm, args, kwargs)
     transport.connect(size)
     sent = [0] * size          # user messages sent to each peer (the hellos do not count)
     received = [0] * size      # user messages taken by a receive from each peer
@@ -347,6 +350,12 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
             value, op, src, dst, nbytes = None, "combine", -1, -1, request.nbytes
         elif kind is Now:
             value = start - t0           # reading the clock is not recorded (as on sim)
+            continue
+        elif kind is Span:               # a collective's enclosing slice: no time passes
+            value = None
+            if records is not None:
+                records.append((rank, request.op, t0 + request.start, clock(), -1, -1,
+                                request.nbytes, 0))
             continue
         elif ADDED_REQUESTS.get(kind) in ("spawn", "join", "recv_any"):
             # A second activity (week 3) or a receive from any source (week 4): from here on,
@@ -466,6 +475,11 @@ def _drive_activities(rank, size, main_gen, request, start, transport, t0, sent,
                     records.append((rank, op, start, clock(), -1, -1, nbytes, 0))
             elif kind is Now:
                 value = start - t0
+            elif kind is Span:
+                value = None
+                if records is not None:
+                    records.append((rank, request.op, t0 + request.start, clock(), -1, -1,
+                                    request.nbytes, 0))
             elif ADDED_REQUESTS.get(kind) == "recv_any":
                 tag = request.tag
                 found = None

@@ -307,15 +307,17 @@ def abort_job(text: str | None, code: int = FAILED_EXIT):
     MPICH's shared memory, and call MPI_Abort on COMM_WORLD with error code `code`."""
     if text is not None:
         _report(text)
-    _unlink_mpich_segments()
+    unlink_mpich_segments()
     load_mpi().COMM_WORLD.Abort(code)
 
 
-def _unlink_mpich_segments() -> None:
+def unlink_mpich_segments() -> None:
     """Unlink the shared-memory files MPICH mapped into this process. MPICH unlinks them in
-    MPI_Finalize, which an aborted job never reaches: each abort would leave a few MB in
-    /dev/shm. Every process of the job attached them in MPI_Init, so the names are no longer
-    needed, and mappings outlive their names (Linux; elsewhere there is no /proc/self/maps)."""
+    MPI_Finalize, which an aborted or killed job never reaches: each would leave a few MB in
+    /dev/shm. Every process of the job attached them in MPI_Init, so once all are through it
+    (a barrier) the names are no longer needed, and mappings outlive their names (Linux;
+    elsewhere there is no /proc/self/maps). Called at the start of every run and before an
+    abort; MPI_Finalize does not mind that the files are gone (MPICH 5.0.2, measured)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split(maxsplit=5)[5].strip() for line in maps
@@ -402,6 +404,10 @@ def _run(MPI, world, rank, size, program, args, kwargs, trace, timeout, status, 
         # collectives (everyone is there by now): who shares this host, the run's own
         # communicator.
         _wait_request(world.Ibarrier(), getattr(os, "sched_yield", None), expired)
+        # Every process of the job is through MPI_Init, so every one has mapped MPICH's
+        # shared memory: its names can go now, and a job whose rank is SIGKILLed (nobody
+        # runs MPI_Finalize or abort_job) leaves nothing in /dev/shm.
+        unlink_mpich_segments()
         oversubscribed = size > 1 and _ranks_on_this_host(world, MPI) > _cpus()
         pause = getattr(os, "sched_yield", None) if oversubscribed else None
         comm = world.Dup()

@@ -14,6 +14,8 @@ import matplotlib.pyplot as plt
 import networkx as nx
 from matplotlib.patches import Patch
 
+from dsml.comm.spans import SPAN_OPS
+
 PALETTE = ["#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB",
            "#000000"]
 OP_COLORS = {"send": "#4477AA", "recv": "#EE6677", "sendrecv": "#AA3377",
@@ -67,11 +69,13 @@ def _time_scale(span: float) -> tuple[float, str]:
 
 def timeline(trace, ax=None, title: str = "Timeline", ops=None, label_messages: bool = False):
     """A Gantt chart of a trace: one row per rank, one bar per operation (µs/ms/s chosen
-    from the span). `ops` limits the operations drawn; `label_messages` writes the peer
-    (→dst / ←src) on each bar."""
+    from the span). `ops` limits the operations drawn (default: all but the collectives'
+    enclosing slices); `label_messages` writes the peer (→dst / ←src) on each bar."""
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(trace.ranks()))))
-    records = [r for r in trace if ops is None or r.op in ops]
+    # Without `ops`, every record but the collectives' enclosing slices (dsml.comm.spans),
+    # which would cover the messages they enclose.
+    records = [r for r in trace if (r.op in ops if ops is not None else r.op not in SPAN_OPS)]
     span = max((r.end for r in records), default=1.0) or 1.0
     factor, unit = _time_scale(span)
     for r in records:
