@@ -6,7 +6,7 @@ from dsml.elastic import DOWN, ElasticRank, InjectedCrash, UP, check_membership,
 from dsml.fault import FailureSchedule, young_interval
 
 
-# -- cell 232
+# -- cell 233
 import math
 
 import numpy as np
@@ -50,7 +50,7 @@ def make_compressor(name: str, setting: float, shapes) -> Compressor | None:
     return ErrorFeedback(PowerSGD(shapes, rank=int(setting)))
 
 
-# -- cell 234
+# -- cell 235
 class CapstoneRank(ElasticRank):
     """One rank of the capstone: elastic data parallelism (rendezvous, membership, restore,
     joins and in-memory checkpoints are ElasticRank's) whose step is a membership check
@@ -88,7 +88,7 @@ class CapstoneRank(ElasticRank):
         raise error
 
 
-# -- cell 236
+# -- cell 237
 @add_to_class(CapstoneRank)
 def check_in(self, samples: int, loss_sum: float):
     """The membership check: each worker sends the leader (step, samples, loss sum) and waits
@@ -147,7 +147,7 @@ def exchange_gradient(self, gradient):
     return total
 
 
-# -- cell 237
+# -- cell 238
 @add_to_class(CapstoneRank)
 def ring_exchange(self, group, gradient):
     if self.compressor_name == "none":
@@ -162,7 +162,7 @@ def ring_exchange(self, group, gradient):
     return total
 
 
-# -- cell 239
+# -- cell 240
 @add_to_class(CapstoneRank)
 def train_step(self):
     """One step: local gradient (charged seconds_per_sample × shard × straggler factor),
@@ -201,7 +201,7 @@ def train_step(self):
     return None
 
 
-# -- cell 240
+# -- cell 241
 @add_to_class(CapstoneRank)
 def run_rank(self):
     """ElasticRank's life (join, then steps and rendezvous until done), with every
@@ -236,7 +236,7 @@ def run_rank(self):
             "end": (yield comm.now())}
 
 
-# -- cell 242
+# -- cell 243
 def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, batch: int,
                    lr: float, members=None, joins=None, failures: FailureSchedule | None = None,
                    compute_factors=None, compressor: str = "topk",
@@ -285,7 +285,7 @@ def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, bat
     return result
 
 
-# -- cell 244
+# -- cell 245
 def rank_ledgers(result):
     """Every rank's ledger, end time (s), computed samples and accuracy curve points, from a
     capstone RunResult: a failed rank's ride on its InjectedCrash; idle ranks are left out.
@@ -330,7 +330,7 @@ def committed_step_seconds(ledgers, committed) -> float:
                if category in ("compute", "communication") and (step, epoch) in committed)
 
 
-# -- cell 245
+# -- cell 246
 def capstone_report(result) -> dict:
     """What a capstone run (a RunResult of capstone_train) did, measured from the ranks'
     ledgers. Returns per-rank "breakdown" {category: s} (CATEGORIES), "ends" (s), "spare" (s
