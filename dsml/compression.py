@@ -580,14 +580,15 @@ class DGC(TopK):
         self.name = f"DGC {100 * density:g}%" + ("" if momentum_correction else " without MC")
 
     def compress(self, x, rng=None):
-        x = _check_vector(x).astype(np.float64)
+        x = np.asarray(_check_vector(x), dtype=np.float64)      # never written to
         if self.v is None:
             self.u, self.v = np.zeros(len(x)), np.zeros(len(x))
         norm = float(np.linalg.norm(x))
         if self.clip_norm is not None and norm > self.clip_norm:
             x, self.clipped = x * (self.clip_norm / norm), self.clipped + 1
         if self.momentum_correction:
-            self.u = self.momentum * self.u + x
+            self.u *= self.momentum
+            self.u += x
             self.v += self.u
         else:
             self.v += x
@@ -665,8 +666,11 @@ def looped_data_parallel_sgd(model, optimizer, X, y, batches, compressors, seed:
             vector *= len(mine) / len(batch)
             c = compressor.compress(vector, rngs[rank])
             sizes.append(c.nbytes)
-            part = compressor.decompress(c)
-            total = part if total is None else total + part
+            part = compressor.decompress(c)              # a new array: safe to add into
+            if total is None:
+                total = part
+            else:
+                total += part
         optimizer.step(model.params, unflatten(total, layout))
         wire_bytes.append(sizes)
     return wire_bytes
