@@ -527,7 +527,7 @@ def _concat_f32(arrays):
 def dgc_density(step: int, warmup_steps: int = 0, density: float = 0.001, stages: int = 4):
     """The fraction of a gradient DGC sends at `step` (0-based): during the warm-up of
     `warmup_steps` steps, split into `stages` equal stages, 25 %, 6.25 %, 1.5625 %, … (a quarter
-    of the stage before: sparsity 75 %, 93.75 %, 98.4375 %, 99.6 % as in Lin et al. 2018, §3.3),
+    of the stage before: sparsity 75 %, 93.75 %, 98.4375 %, 99.6 % as in Lin et al. 2018),
     never below `density`; from then on `density`."""
     if warmup_steps and step < warmup_steps:
         stage = step * stages // warmup_steps
@@ -538,7 +538,7 @@ def dgc_density(step: int, warmup_steps: int = 0, density: float = 0.001, stages
 def _largest(magnitudes, k: int):
     """Sorted indices of the k largest entries — exactly argpartition's set up to ties, faster
     for small k/n: a threshold from a strided sample keeps a few candidates, which are then
-    partitioned (DGC's own trick, §5); falls back to a full argpartition if too few pass."""
+    partitioned (DGC samples for the same reason); a full argpartition if too few pass."""
     n = len(magnitudes)
     if 64 * k < n:
         sample = magnitudes[::16]
