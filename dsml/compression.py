@@ -11,7 +11,7 @@ import numpy as np
 
 from dsml.collectives import allgather, allreduce
 from dsml.collectives.cost import cost
-from dsml.data_parallel import flatten, my_shard, unflatten
+from dsml.data_parallel import flatten, my_shard, shard_bounds, unflatten
 from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
 
@@ -524,6 +524,86 @@ def _concat_f32(arrays):
 
 
 # -- cell 184
+def dgc_density(step: int, warmup_steps: int = 0, density: float = 0.001, stages: int = 4):
+    """The fraction of a gradient DGC sends at `step` (0-based): during the warm-up of
+    `warmup_steps` steps, split into `stages` equal stages, 25 %, 6.25 %, 1.5625 %, … (a quarter
+    of the stage before: sparsity 75 %, 93.75 %, 98.4375 %, 99.6 % as in Lin et al. 2018),
+    never below `density`; from then on `density`."""
+    if warmup_steps and step < warmup_steps:
+        stage = step * stages // warmup_steps
+        return max(density, 0.25 ** (stage + 1))
+    return density
+
+
+def _largest(magnitudes, k: int):
+    """Sorted indices of the k largest entries — exactly argpartition's set up to ties, faster
+    for small k/n: a threshold from a strided sample keeps a few candidates, which are then
+    partitioned (DGC samples for the same reason); a full argpartition if too few pass."""
+    n = len(magnitudes)
+    if 64 * k < n:
+        sample = magnitudes[::16]
+        keep = min(len(sample) - 1, 2 * math.ceil(k * len(sample) / n))
+        threshold = np.partition(sample, len(sample) - 1 - keep)[len(sample) - 1 - keep]
+        candidates = np.flatnonzero(magnitudes > threshold)
+        if len(candidates) >= k:
+            top = np.argpartition(magnitudes[candidates], len(candidates) - k)[len(candidates) - k:]
+            return np.sort(candidates[top])
+    return np.sort(np.argpartition(magnitudes, n - k)[n - k:])
+
+
+# -- cell 185
+class DGC(TopK):
+    """Deep Gradient Compression (Lin et al. 2018) for ONE rank: top-k of an accumulated vector
+    (k = ⌈density·n⌉, the density ramping down over `warmup_steps`, see dgc_density), fp32
+    values + int32 indices, all-gathered like TopK. Before accumulating, the gradient g is
+    clipped to norm ≤ `clip_norm` (local gradient clipping: give each rank the global threshold
+    ÷ √p). With `momentum_correction` the momentum lives here: u ← m·u + g, v ← v + u, and the
+    optimizer must be plain SGD; without it v ← v + g (error feedback of the gradient) and the
+    optimizer applies momentum to the sparse sum — the variant DGC corrects. What is sent is
+    removed from v, and with `factor_masking` also from u (momentum factor masking)."""
+
+    def __init__(self, density: float = 0.001, momentum: float = 0.9, warmup_steps: int = 0,
+                 clip_norm: float | None = None, momentum_correction: bool = True,
+                 factor_masking: bool = True):
+        super().__init__(fraction=density)
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) \
+                or not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0 or None, got {clip_norm!r}")
+        self.density, self.momentum = self.fraction, float(momentum)
+        self.warmup_steps = _check_count("warmup_steps", warmup_steps, low=0)
+        self.clip_norm, self.clipped = clip_norm, 0
+        self.momentum_correction, self.factor_masking = momentum_correction, factor_masking
+        self.u = self.v = None
+        self.step = 0
+        self.name = f"DGC {100 * density:g}%" + ("" if momentum_correction else " without MC")
+
+    def compress(self, x, rng=None):
+        x = np.asarray(_check_vector(x), dtype=np.float64)      # never written to
+        if self.v is None:
+            self.u, self.v = np.zeros(len(x)), np.zeros(len(x))
+        norm = float(np.linalg.norm(x))
+        if self.clip_norm is not None and norm > self.clip_norm:
+            x, self.clipped = x * (self.clip_norm / norm), self.clipped + 1
+        if self.momentum_correction:
+            self.u *= self.momentum
+            self.u += x
+            self.v += self.u
+        else:
+            self.v += x
+        k = _k_of(len(x), None, dgc_density(self.step, self.warmup_steps, self.density))
+        sent = _largest(np.abs(self.v), k)
+        c = Compressed({"values": self.v[sent].astype(WIRE_FLOAT),
+                        "indices": sent.astype(WIRE_INDEX)}, len(x))
+        self.v[sent] -= c.arrays["values"]           # what is left: fp32's rounding of it
+        if self.momentum_correction and self.factor_masking:
+            self.u[sent] = 0.0
+        self.step += 1
+        return c
+
+
+# -- cell 187
 def compressed_data_parallel_sgd(comm, model, optimizer, X, y, batches, compressor: Compressor,
                                  seed: int = 0, loss: str = "cross_entropy"):
     """Rank program body (`yield from` it): week 3's synchronous data-parallel SGD with the
@@ -559,7 +639,44 @@ def trace_bytes_sent(trace) -> int:
     return int(sum(r.nbytes for r in trace if r.op in ("send", "sendrecv")))
 
 
-# -- cell 186
+# -- cell 189
+def looped_data_parallel_sgd(model, optimizer, X, y, batches, compressors, seed: int = 0,
+                             loss: str = "cross_entropy"):
+    """The same arithmetic as compressed_data_parallel_sgd with an all-gathered compressor, with
+    the p = len(compressors) ranks run as a loop in one process over ONE model (every replica
+    would hold the same bits): for experiments too large to simulate every replica. Each rank's
+    shard gradient, scaled by |shard|/|batch|, goes through its own compressor; the aggregate is
+    the sum of the decompressed vectors in rank order, and `optimizer` steps with it. Nothing is
+    sent: returns the wire bytes each rank's compressor produced, one list per step."""
+    p = len(compressors)
+    if p < 1:
+        raise ValueError("compressors must hold one compressor per rank, got none")
+    rngs = [np.random.default_rng((seed, rank)) for rank in range(p)]
+    wire_bytes = []
+    for step, batch in enumerate(batches):
+        batch = np.asarray(batch)
+        if len(batch) == 0:
+            raise ValueError(f"step {step}: the batch is empty")
+        total, sizes, layout = None, [], None
+        for rank, compressor in enumerate(compressors):
+            start, stop = shard_bounds(len(batch), p, rank)
+            mine = batch[start:stop]
+            _, grads = loss_and_grads(model, X[mine], y[mine], loss)
+            vector, layout = flatten(grads)
+            vector *= len(mine) / len(batch)
+            c = compressor.compress(vector, rngs[rank])
+            sizes.append(c.nbytes)
+            part = compressor.decompress(c)              # a new array: safe to add into
+            if total is None:
+                total = part
+            else:
+                total += part
+        optimizer.step(model.params, unflatten(total, layout))
+        wire_bytes.append(sizes)
+    return wire_bytes
+
+
+# -- cell 191
 COLLECTIVES = ("allreduce", "allgather")
 
 
@@ -613,7 +730,7 @@ def time_compressor(compressor: Compressor, x, rng=None, repeats: int = 3):
     return best_c, best_d
 
 
-# -- cell 187
+# -- cell 192
 def overlapped_step_time(backward_seconds: float, bucket_comm_seconds, codec_seconds: float = 0.0):
     """Seconds from the start of backward to the last bucket's exchange finished, with the
     exchange overlapped with backward as DDP does (week 3): backward fills the buckets in order

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from dsml.collectives import allgather, allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
-from dsml.compression import (Compressed, Dense, ErrorFeedback, MajorityVote, PowerSGD, QSGD,
-                              RandomK, Sign, TopK, breakeven_bandwidth,
+from dsml.compression import (DGC, Compressed, Dense, ErrorFeedback, MajorityVote, PowerSGD,
+                              QSGD, RandomK, Sign, TopK, breakeven_bandwidth, dgc_density,
+                              looped_data_parallel_sgd,
                               compressed_data_parallel_sgd, exchange_time, gradient_shapes, pack,
                               overlapped_step_time, qsgd, qsgd_variance, qsgd_variance_bound,
                               time_compressor, trace_bytes_sent, unpack)
@@ -294,6 +295,85 @@ def test_error_feedback_helps_topk_training():
     with_ef = run(program, 2, network=NET, args=(True,), trace=False).values[0]
     without = run(program, 2, network=NET, args=(False,), trace=False).values[0]
     assert with_ef < 0.7 * without
+
+
+# ---------------------------------------------------------------- Deep Gradient Compression
+def test_dgc_warmup_schedule():
+    assert [dgc_density(t, 8) for t in range(10)] == [0.25, 0.25, 0.0625, 0.0625, 0.015625,
+                                                      0.015625, 0.00390625, 0.00390625,
+                                                      0.001, 0.001]
+    assert dgc_density(0, 0, 0.01) == 0.01
+    assert dgc_density(3, 4, density=0.1) == 0.1          # never below the final density
+
+
+@pytest.mark.parametrize("n, k", [(10, 3), (5000, 5), (100_000, 100), (100_000, 1)])
+def test_dgc_selection_is_the_top_k(n, k):
+    from dsml.compression import _largest
+    x = np.abs(vector(n, seed=n))
+    assert np.array_equal(_largest(x, k), np.sort(np.argsort(x)[n - k:]))
+
+
+def test_dgc_without_sparsity_is_momentum_sgd():
+    """Density 1, no masking, no clipping: the summed sends are dense momentum SGD's velocity."""
+    grads = [vector(50, seed=s) for s in range(6)]
+    dgc, velocity = DGC(density=1.0, momentum=0.9, factor_masking=False), np.zeros(50)
+    for g in grads:
+        velocity = 0.9 * velocity + g
+        assert np.allclose(dgc.decompress(dgc.compress(g)), velocity, rtol=1e-6, atol=1e-6)
+
+
+def test_dgc_accumulates_and_masks():
+    g = vector(1000, seed=3)
+    dgc = DGC(density=0.01, momentum=0.5)
+    c = dgc.compress(g)
+    sent = c.arrays["indices"]
+    assert len(sent) == 10 and c.nbytes == 80
+    assert np.array_equal(np.sort(np.argsort(np.abs(g))[-10:]), sent)
+    assert np.all(dgc.u[sent] == 0) and np.allclose(np.delete(dgc.u, sent), np.delete(g, sent))
+    assert np.allclose(dgc.v[sent], 0, atol=1e-6)
+    plain = DGC(density=0.01, momentum_correction=False)       # v accumulates g, nothing lost
+    total = sum(plain.decompress(plain.compress(vector(1000, seed=s))) for s in range(20))
+    assert np.allclose(total + plain.v, sum(vector(1000, seed=s) for s in range(20)), atol=1e-5)
+
+
+def test_dgc_clips_locally():
+    g = vector(200, seed=1)
+    dgc = DGC(density=1.0, momentum=0.0, clip_norm=0.5)
+    assert math.isclose(np.linalg.norm(dgc.decompress(dgc.compress(g))), 0.5, rel_tol=1e-6)
+    assert dgc.clipped == 1
+    dgc.compress(g * 1e-6)
+    assert dgc.clipped == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"density": 0}, {"density": 1.5}, {"momentum": 1.0},
+                                    {"momentum": -0.1}, {"clip_norm": 0}, {"warmup_steps": -1}])
+def test_dgc_bad_input(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs)).replace("density", "fraction")):
+        DGC(**kwargs)
+
+
+def test_looped_ranks_match_the_simulated_ranks():
+    X, y, _, _ = digits(seed=0)
+    batches = batch_indices(len(X), 64, seed=0)[:8]
+
+    def make():
+        return DGC(density=0.05, warmup_steps=4, clip_norm=1.0)
+
+    def program(comm):
+        model = MLP((64, 16, 10), seed=1)
+        yield from compressed_data_parallel_sgd(comm, model, SGD(0.3), X, y, batches, make())
+        return model.params
+
+    simulated = run(program, 3, network=NET, trace=False).values[0]
+    looped = MLP((64, 16, 10), seed=1)
+    wire = looped_data_parallel_sgd(looped, SGD(0.3), X, y, batches, [make() for _ in range(3)])
+    for name, w in looped.params.items():
+        assert np.array_equal(simulated[name], w), name
+    n = sum(w.size for w in looped.params.values())
+    assert [sizes[0] for sizes in wire] == [8 * math.ceil(dgc_density(t, 4, 0.05) * n)
+                                            for t in range(len(batches))]
+    with pytest.raises(ValueError, match="compressors"):
+        looped_data_parallel_sgd(looped, SGD(0.3), X, y, batches, [])
 
 
 # ---------------------------------------------------------------- α–β time and break-even
