@@ -374,13 +374,15 @@ class ParallelLayout:
                 f"b{b.micro_batch}" + "".join(f", {extra}" for extra in extras))
 
 
-def ring_attention_kv_bytes(seq_len: int, hidden: int, cp: int, micro_batch: int = 1,
+def ring_attention_kv_bytes(seq_len: int, kv_dim: int, cp: int, micro_batch: int = 1,
                             itemsize: int = ACTIVATION_BYTES, tp: int = 1) -> float:
     """Bytes one rank sends per layer in ring attention's forward (Liu et al. 2023): its K and
-    V blocks, (s/cp)·h each per sequence (h/tp with tensor parallelism), passed cp − 1 times
-    round the ring: 2·(cp − 1)·(s/cp)·h·itemsize·b/tp. A closed form for the layout model (the
-    ring itself is built elsewhere: dsml.context_parallel)."""
-    return 2 * (cp - 1) * (seq_len / cp) * hidden * itemsize * micro_batch / tp
+    V blocks, (s/cp)·h_kv each per sequence, h_kv = kv_dim = kv_heads·head_dim the width of
+    the key (and value) projection (h without grouped-query attention; h_kv/tp with tensor
+    parallelism), passed cp − 1 times round the ring: 2·(cp − 1)·(s/cp)·h_kv·itemsize·b/tp.
+    A closed form for the layout model (the ring itself is built elsewhere:
+    dsml.context_parallel, whose notebook checks this form against its trace)."""
+    return 2 * (cp - 1) * (seq_len / cp) * kv_dim * itemsize * micro_batch / tp
 
 
 def moe_alltoall_bytes(config: TransformerConfig, moe: MoE, micro_batch: int, cp: int,
@@ -488,7 +490,7 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
     inner, base = inner_problem(config, layout, moe)
     step = estimate_step(inner, base, **hw)
     b, t, cp, ep = base.micro_batch, base.tp, layout.cp, layout.ep
-    s, h, layers = config.seq_len, config.hidden, config.layers // base.pp
+    s, layers = config.seq_len, config.layers // base.pp
     repeat = base.microbatches + (base.pp - 1) / base.chunks
     products, traffic = attention_core_seconds(config, b, t, s // cp, s // cp, hw)
     block = products + traffic                      # one ring step's attention, forward
@@ -496,7 +498,7 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
     passes += block * (base.recompute != "none")    # both recomputations rerun the core
     attention = repeat * layers * (cp - 1) * passes
     alpha, bandwidth = _link(t * cp, hw)
-    hop = alpha + ring_attention_kv_bytes(s, h, cp, b, tp=t) / max(cp - 1, 1) / bandwidth
+    hop = alpha + ring_attention_kv_bytes(s, config.kv_dim, cp, b, tp=t) / max(cp - 1, 1) / bandwidth
     exposed = max(hop - block, 0) + max(2 * hop - 2 * block, 0)
     exposed += max(hop - block, 0) * (base.recompute != "none")
     ring = repeat * layers * (cp - 1) * exposed

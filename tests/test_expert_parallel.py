@@ -194,6 +194,18 @@ def test_cp_and_ep_terms():
     assert with_cp.attention > 0
 
 
+def test_the_ring_carries_the_key_value_width_not_the_hidden_width():
+    # cp = 16 leaves the node, so the ring's hops show; grouped-query attention with 8 of 32
+    # key/value heads sends a quarter of the bytes, so far less of the ring is exposed
+    base = Layout(dp=1, tp=1, pp=1, zero=0, micro_batch=1, microbatches=1, recompute="selective")
+    exposed = {}
+    for kv_heads in (32, 8):
+        config = TransformerConfig.llama_style(4, 4096, 32, 32000, 4096, ffn_hidden=14336,
+                                               kv_heads=kv_heads)
+        exposed[kv_heads] = estimate_parallel_step(config, ParallelLayout(base, 16, 1)).ring
+    assert exposed[32] > 0 and exposed[8] < exposed[32] / 2
+
+
 def test_search_returns_fitting_layouts_fastest_first():
     config = preset("gpt2-large")
     results = search_parallel_layouts(config, 8, 16, 40e9, MoE(4, 1), micro_batches=(1,))
