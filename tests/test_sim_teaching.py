@@ -40,7 +40,13 @@ def mixed(comm):
     t = yield comm.now()
     yield comm.send(right, (t, {"x": y[:3]}))
     back = yield comm.recv(left)
-    return float(back[1]["x"].sum()) + back[0]
+    for k in range(3):                      # three messages queued on one (source, tag)
+        yield comm.send(right, np.array([k]), tag=5)
+    yield comm.compute(1e-5)
+    order = []
+    for _ in range(3):
+        order.append(int((yield comm.recv(left, tag=5))[0]))
+    return float(back[1]["x"].sum()) + back[0], order
 
 
 def both(program, p, network, **kwargs):

@@ -59,23 +59,36 @@ class SimEngine(sim_core.SimEngine):
 
     def deliver(self, message) -> None:
         """As week 1's, but a message no receive for its source waits for goes to the first
-        receive from any source waiting for its tag, if any."""
+        receive from any source waiting for its tag, if any. (Written out rather than calling
+        week 1's: this runs once per message.)"""
         src, dst, tag, payload = message
-        if not self.posted[dst].get((src, tag)):
-            anyone = self.any_posted[dst]
-            if anyone and anyone.get(tag):
-                anyone[tag].popleft()(src, payload)
-                return
-            order = self.arrivals[dst]
-            if order and tag in order:
-                order[tag].append(src)
-        super().deliver(message)
+        key = (src, tag)
+        waiting = self.posted[dst].get(key)
+        if waiting:
+            waiting.popleft()(payload)
+            return
+        anyone = self.any_posted[dst]
+        if anyone and anyone.get(tag):
+            anyone[tag].popleft()(src, payload)
+            return
+        box = self.mailbox[dst].get(key)
+        if box is None:
+            box = self.mailbox[dst][key] = deque()
+        box.append(payload)
+        order = self.arrivals[dst]
+        if order and tag in order:
+            order[tag].append(src)
 
     def wait_for(self, process, src, tag, on_message) -> None:
         """As week 1's, but a receive from a rank whose failure notice has arrived raises it,
         now or when it comes (the engine's `notice_arrives` hands it to posted receives)."""
-        if self.sim.on_failure is None:               # failures="stop": no notices
-            return super().wait_for(process, src, tag, on_message)
+        if self.sim.on_failure is None:    # failures="stop": no notices (week 1's, written out)
+            key = (src, tag)
+            waiting = self.posted[process.pid].get(key)
+            if waiting is None:
+                waiting = self.posted[process.pid][key] = deque()
+            waiting.append(on_message)
+            return None
         if src in self.notices[process.pid]:
             self.sim.at(self.sim.now, process.resume, self.notices[process.pid][src])
             return None
