@@ -1,5 +1,7 @@
 """Plumbing (hand-written): the simulator's guards and bookkeeping — the limits that bound a
-run (`Limits`) and the trace track each process is drawn on (`Tracks`).
+run (`Limits`), the answer a process raises instead of receiving (`Thrown`, week 4), the trace
+track each process is drawn on (`Tracks`), and what a `Trace` offers beyond its records
+(`TraceBase`: list-like access, per-rank views, the Chrome trace export).
 
 `dsml.sim` (generated from week 1's notebook) calls these; a learner need not read them.
 
@@ -13,6 +15,7 @@ stops the run past `max_events` steps or past `timeout` seconds of wall-clock ti
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import time
@@ -98,6 +101,15 @@ def limit_message(sim, limit: str, advice: str) -> str:
             + f"\n({advice})")
 
 
+class Thrown:
+    """An answer that `Process.resume` raises inside the waiting generator instead of sending
+    it there (week 4: a receive from a rank that has failed raises its notice)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
 class Tracks:
     """Which track of a trace each process is drawn on. Processes that share a pid (a rank and
     its activities, week 3) get different tracks while they run at the same time; a process
@@ -131,7 +143,60 @@ class Tracks:
         return 0
 
 
-# --- the Chrome trace-event format (Trace.to_chrome) ----------------------------------------
+# --- what a Trace offers beyond its records -------------------------------------------------
+
+class TraceBase:
+    """The base of `dsml.sim.Trace` (week 1 writes its records: `rows`, `add`, `records`):
+    list-like access, per-rank views, and the Chrome trace export."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __getitem__(self, index):
+        return self.records[index]
+
+    def of_rank(self, rank: int) -> list:
+        return [r for r in self.records if r.rank == rank]
+
+    def ranks(self) -> list:
+        return sorted({r.rank for r in self.records})
+
+    def to_chrome(self, path=None) -> dict:
+        """Chrome trace-event JSON (Perfetto, chrome://tracing): a process per rank, a track
+        per activity of it (the rank's program; week 3's activities beside it), and an arrow
+        from each send to its receive.
+
+        Times are in microseconds, as the format requires, rounded to whole nanoseconds (what
+        Perfetto keeps), so that slices that touch never overlap by a rounding error. Written
+        to `path` if given; the output is deterministic (sorted events and keys).
+        """
+        records = lay_out(self.records)   # real engines' records of activities: see lay_out
+        width = max(self.ranks(), default=0) + 1     # track k of rank r is thread r + k·width
+        events = chrome_names(records, width)        # process and thread names
+        # Enclosing slices first: at equal starts, the one that ends later.
+        for r in sorted(records, key=lambda r: (r.rank, r.track, r.start, -r.end)):
+            args = {"nbytes": r.nbytes, "tag": r.tag}
+            if r.src >= 0:
+                args["src"] = r.src
+            if r.dst >= 0:
+                args["dst"] = r.dst
+            start, end = round(r.start * 1e9), round(r.end * 1e9)        # nanoseconds
+            events.append({"ph": "X", "name": r.op, "cat": r.op, "pid": r.rank,
+                           "tid": r.rank + r.track * width, "ts": start / 1e3,
+                           "dur": (end - start) / 1e3, "args": args})
+        events += message_flows(records, width)     # send -> receive arrows
+        document = {"traceEvents": events, "displayTimeUnit": "ns"}
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(document, f, sort_keys=True, separators=(",", ":"))
+                f.write("\n")
+        return document
+
+
+# --- the Chrome trace-event format (TraceBase.to_chrome) ------------------------------------
 
 def lay_out(records) -> list:
     """The records, each on a track of its rank where it nests in or follows every other slice

@@ -1,5 +1,6 @@
 """Plumbing (hand-written): the messages for a rank program's common mistakes, shared by every
-engine (the simulator's `SimEngine.handle`, `run`, and the real engines' `driver.drive`).
+engine (the simulator's `SimEngine.handle` and `run`, with the messages left unreceived in its
+mailboxes, and the real engines' `driver.drive`).
 
 The most common one: a collective (a generator function such as week 2's `allreduce`) called
 like a function. `yield allreduce(comm, x)` hands the engine a generator instead of a request,
@@ -50,3 +51,16 @@ def check_returned(processes) -> None:
         message = returned_generator(process.value)
         if message:
             raise RankError(process.pid, message)
+
+
+def unreceived(mailbox) -> list:
+    """(src, dst, tag, count) of the messages in the simulator's mailboxes
+    (`mailbox[dst][(src, tag)]` -> payloads) that no receive has taken."""
+    return [(src, dst, tag, len(box)) for dst, boxes in enumerate(mailbox)
+            for (src, tag), box in sorted(boxes.items()) if box]
+
+
+def describe_messages(messages) -> str:
+    """The lines that list (src, dst, tag, count) messages nobody received."""
+    return "\n  ".join(f"rank {src} -> rank {dst} (tag {tag}): {n} message(s)"
+                       for src, dst, tag, n in messages)

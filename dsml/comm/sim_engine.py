@@ -1,153 +1,178 @@
-"""Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+"""Plumbing (hand-written): the simulator engine that `dsml.run(engine="sim")` and every week use.
 
-# names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.comm.api import ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv, RunResult, Send, SendRecv, SizeOnly, payload_nbytes, snapshot, start_rank
-from dsml.sim import DeadlockError, PENDING, ProcessFailed, Simulator, Thrown, Trace
+Week 1's notebook writes the engine a learner reads (`dsml.comm.sim_core.SimEngine`: matching by
+(source, tag), one handler per request, the trace). This subclass, under the same name, adds what
+a learner need not read:
 
+- the check of `failures`, and failure notices for `failures="notify"` (week 4,
+  `dsml.comm.failures`): `failed`, `notices`, and receives that raise a notice instead of
+  waiting for a rank that has failed;
+- week 4's receive from any source (`dsml.comm.any_source`): the receives waiting for any
+  source, and the arrival order of the tags they asked for;
+- the requests later weeks register in `ADDED_REQUESTS` (week 3's `comm.spawn` / `comm.join`);
+- speed paths: a `sendrecv` that reuses one `Exchange` per rank instead of allocating closures
+  per message (the hottest path of large simulations), and a free `combine` answered without
+  a call when γ = 0 and nothing is traced;
+- a deadlock report that lists the messages delivered but never received.
 
-# -- cell 42
+For every program week 1's engine runs, both give the same trace, row for row
+(tests/test_comm_sim.py checks it).
+"""
+from __future__ import annotations
+
 from collections import deque
 
-from dsml.comm.mistakes import check_returned, not_a_request
-from dsml.utils import add_to_class
+from dsml.comm import sim_core
+from dsml.comm.api import ADDED_REQUESTS, Combine, RunResult, SizeOnly, snapshot
+from dsml.comm.mistakes import describe_messages, unreceived
+from dsml.sim import PENDING, DeadlockError, Thrown
+
+FAILURES = ("stop", "notify")
 
 
-class SimEngine:
-    """Runs rank programs on the discrete-event simulator over a network model."""
-
+class SimEngine(sim_core.SimEngine):
+    """Week 1's engine with later weeks' hooks and the speed paths (see the module's text)."""
 
     def __init__(self, world_size: int, network, trace: bool = True, failures: str = "stop"):
-        self.world_size = world_size
-        self.sim = Simulator()
-        # failures="stop": a rank that raises stops the run. "notify" (week 4): it ends that
-        # rank only, and its peers learn of it through the comm API (dsml.comm.failures);
-        # failed[rank] is then the notice a receive from it raises, and notices[dst][rank] the
-        # same notice once it has reached dst (after what the rank sent it before failing).
-        if failures not in ("stop", "notify"):
+        if failures not in FAILURES:
             raise ValueError(f"failures must be 'stop' or 'notify', got {failures!r}")
+        super().__init__(world_size, network, trace)
+        self.rows = self.trace.rows if trace else None
+        # failures="notify": a rank that raises ends alone (on_rank_failure, dsml.comm.failures);
+        # failed[rank] is the notice a receive from it raises, and notices[dst][rank] the same
+        # notice once it has reached dst (after what the rank sent it before failing).
         self.failed = {}
         self.notices = [dict() for _ in range(world_size)]
         if failures == "notify":
             self.sim.on_failure = self.on_rank_failure
-        self.network = network
-        network.attach(self.sim, world_size)
-        self.trace = Trace() if trace else None
-        self.rows = self.trace.rows if trace else None
-        # Delivered messages nobody has asked for yet: mailbox[dst][(src, tag)] -> payloads.
-        self.mailbox = [dict() for _ in range(world_size)]
-        # Receives posted before their message arrived: posted[dst][(src, tag)] -> callbacks.
-        self.posted = [dict() for _ in range(world_size)]
-        # For week 4's receive from any source: any_posted[dst][tag] -> callbacks(src, payload),
-        # and arrivals[dst][tag] -> sources in arrival order of the messages kept in the mailbox
-        # (kept only for tags a receive from any source has asked for). Empty until then.
+        # Receives from any source: any_posted[dst][tag] -> callbacks(src, payload), and
+        # arrivals[dst][tag] -> sources in arrival order of the messages kept in the mailbox
+        # (only for tags a receive from any source has asked for). Empty until then.
         self.any_posted = [dict() for _ in range(world_size)]
         self.arrivals = [dict() for _ in range(world_size)]
         self.exchanges = [None] * world_size          # each rank's reusable Exchange
-        self.gamma = getattr(network, "gamma", 0.0)    # s/B charged by comm.combine
-        self.handlers = {Send: self.on_send, Recv: self.on_recv,
-                         SendRecv: self.on_sendrecv, Compute: self.on_compute,
-                         Combine: self.on_combine, Now: self.on_now}
+        self.other_exchanges = {}                     # those of week 3's second activities
+        self.handlers[Combine] = self.on_combine
         # Requests that later weeks add: role "spawn" is handled by on_spawn, and so on.
         self.handlers.update({kind: getattr(self, "on_" + role)
                               for kind, role in ADDED_REQUESTS.items()})
 
-    def handle(self, process, request) -> None:
+    def deliver(self, message) -> None:
+        """As week 1's, but a message no receive for its source waits for goes to the first
+        receive from any source waiting for its tag, if any. (Written out rather than calling
+        week 1's: this runs once per message.)"""
+        src, dst, tag, payload = message
+        key = (src, tag)
+        waiting = self.posted[dst].get(key)
+        if waiting:
+            waiting.popleft()(payload)
+            return
+        anyone = self.any_posted[dst]
+        if anyone and anyone.get(tag):
+            anyone[tag].popleft()(src, payload)
+            return
+        box = self.mailbox[dst].get(key)
+        if box is None:
+            box = self.mailbox[dst][key] = deque()
+        box.append(payload)
+        order = self.arrivals[dst]
+        if order and tag in order:
+            order[tag].append(src)
+
+    def wait_for(self, process, src, tag, on_message) -> None:
+        """As week 1's, but a receive from a rank whose failure notice has arrived raises it,
+        now or when it comes (the engine's `notice_arrives` hands it to posted receives)."""
+        if self.sim.on_failure is None:    # failures="stop": no notices (week 1's, written out)
+            key = (src, tag)
+            waiting = self.posted[process.pid].get(key)
+            if waiting is None:
+                waiting = self.posted[process.pid][key] = deque()
+            waiting.append(on_message)
+            return None
+        if src in self.notices[process.pid]:
+            self.sim.at(self.sim.now, process.resume, self.notices[process.pid][src])
+            return None
+
+        def arrived(payload):
+            if type(payload) is Thrown:              # the notice: nothing was received
+                process.resume(payload)
+            else:
+                on_message(payload)
+        return super().wait_for(process, src, tag, arrived)
+
+    def on_combine(self, process, req):
+        if self.gamma == 0 and self.rows is None:
+            return None                        # free and unrecorded: the common case at scale
+        return self.spend(process, "combine", req.nbytes * self.gamma, req.nbytes)
+
+    def on_sendrecv(self, process, req):
+        """Week 1's `sendrecv` (the same events in the same order) with the rank's Exchange."""
+        rank = process.pid
+        exchange = self.exchanges[rank]
+        if exchange is None or exchange.process is not process:
+            exchange = self.exchange_for(process)
+        exchange.req, exchange.start, exchange.pending = req, self.sim.now, 2
+        payload = req.payload
+        if type(payload) is not SizeOnly:      # the send's snapshot (placeholders are immutable)
+            payload = snapshot(payload)
+        self.network.transmit(rank, req.dst, req.nbytes, exchange.sent, self.deliver,
+                              (rank, req.dst, req.tag, payload))
+        key = (req.src, req.tag)
+        box = self.mailbox[rank].get(key)
+        if box:
+            # Already here: count the receive as done now. The send cannot have finished yet
+            # (a transmission always ends in a later event), so this cannot resume the rank.
+            exchange.on_received(box.popleft())
+        elif self.failed and req.src in self.notices[rank]:
+            exchange.on_received(self.notices[rank][req.src])   # raised when it completes
+        else:
+            waiting = self.posted[rank].get(key)
+            if waiting is None:
+                waiting = self.posted[rank][key] = deque()
+            waiting.append(exchange.received)
+        return PENDING
+
+    def exchange_for(self, process) -> Exchange:
+        """The Exchange of this process: the first of a rank to ask gets the rank's slot, any
+        other activity of the rank (week 3) one of its own."""
+        rank = process.pid
+        if self.exchanges[rank] is None:
+            self.exchanges[rank] = Exchange(self, process)
+            return self.exchanges[rank]
+        if process not in self.other_exchanges:
+            self.other_exchanges[process] = Exchange(self, process)
+        return self.other_exchanges[process]
+
+    def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
         try:
-            handler = self.handlers[type(request)]
-        except KeyError:
-            raise RankError(process.pid, not_a_request(request)) from None
-        return handler(process, request)
+            result = super().run(program, args, kwargs, max_events, timeout)
+        except DeadlockError as deadlock:
+            unread = unreceived(self.mailbox)
+            if not unread:
+                raise
+            raise DeadlockError(deadlock.waiting, "messages that arrived but were never "
+                                "received (a tag or peer mismatch?):\n  "
+                                + describe_messages(unread)) from None
+        result.failed = {rank: notice.error.__cause__ for rank, notice in self.failed.items()}
+        return result
 
-    def record(self, rank, op, start, src=-1, dst=-1, nbytes=0, tag=0, track=None) -> None:
-        if self.rows is not None:     # track: the process's (None: Tracks.infer finds it)
-            if track is None:
-                track = self.sim.tracks.infer(rank, op)
-            self.rows.append((rank, op, start, self.sim.now, src, dst, nbytes, tag, track))
-
-
-# -- cell 43
-@add_to_class(SimEngine)
-def deliver(self, message) -> None:
-    """A message (src, dst, tag, payload) has fully arrived: hand it to a posted receive
-    (one for this source first, then one from any source: week 4), or keep it in the mailbox."""
-    src, dst, tag, payload = message
-    key = (src, tag)
-    waiting = self.posted[dst].get(key)
-    if waiting:
-        waiting.popleft()(payload)
-        return
-    anyone = self.any_posted[dst]
-    if anyone and anyone.get(tag):
-        anyone[tag].popleft()(src, payload)
-        return
-    box = self.mailbox[dst].get(key)
-    if box is None:
-        box = self.mailbox[dst][key] = deque()
-    box.append(payload)
-    order = self.arrivals[dst]
-    if order and tag in order:
-        order[tag].append(src)
+    def check_all_received(self) -> None:
+        """As week 1's, but messages to or from a rank that failed were orphaned by the
+        failure: not an error."""
+        for dst, boxes in enumerate(self.mailbox):
+            for (src, _), box in boxes.items():
+                if src in self.failed or dst in self.failed:
+                    box.clear()
+        super().check_all_received()
 
 
-@add_to_class(SimEngine)
-def receive(self, rank, src, tag, on_message) -> None:
-    """Call on_message(payload) when the next (src, tag) message is at rank (or the notice
-    that src has failed, week 4, once nothing from it is left)."""
-    key = (src, tag)
-    box = self.mailbox[rank].get(key)
-    if box:
-        # Already here: complete now, through the event queue (no deep recursion).
-        self.sim.at(self.sim.now, on_message, box.popleft())
-        return
-    if self.failed and src in self.notices[rank]:
-        self.sim.at(self.sim.now, on_message, self.notices[rank][src])
-        return
-    waiting = self.posted[rank].get(key)
-    if waiting is None:
-        waiting = self.posted[rank][key] = deque()
-    waiting.append(on_message)
-
-
-# -- cell 45
-@add_to_class(SimEngine)
-def on_send(self, process, req):
-    rank, start = process.pid, self.sim.now
-
-    def sent(_):
-        self.record(rank, "send", start, rank, req.dst, req.nbytes, req.tag, process.track)
-        process.resume(None)
-    self.network.transmit(rank, req.dst, req.nbytes, sent, self.deliver,
-                          (rank, req.dst, req.tag, snapshot(req.payload)))
-    return PENDING
-
-
-@add_to_class(SimEngine)
-def on_recv(self, process, req):
-    rank, start = process.pid, self.sim.now
-    box = self.mailbox[rank].get((req.src, req.tag))
-    if box:                                 # already here: answer at once
-        payload = box.popleft()
-        self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag,
-                    process.track)
-        return payload
-
-    def arrived(payload):
-        if type(payload) is not Thrown:     # (a notice that the peer failed: week 4)
-            self.record(rank, "recv", start, req.src, rank, payload_nbytes(payload), req.tag,
-                        process.track)
-        process.resume(payload)
-    self.receive(rank, req.src, req.tag, arrived)
-    return PENDING
-
-
-# -- cell 47
 class Exchange:
     """A rank's sendrecv in flight: it completes when both its send and its receive have.
 
     A rank program has at most one request in flight, so each keeps one Exchange and reuses
     it (with its two bound callbacks): a million-message simulation then allocates no
-    Exchange per message. This is the hottest path of large simulations. (A rank that runs
-    a second activity, week 3, gets a second Exchange: see `exchange_for`.)
+    Exchange per message. (A rank that runs a second activity, week 3, gets a second
+    Exchange: see `SimEngine.exchange_for`.)
     """
     __slots__ = ("sim", "rows", "process", "req", "start", "pending", "payload",
                  "sent", "received")
@@ -186,138 +211,10 @@ class Exchange:
         self.process.resume(payload)
 
 
-# -- cell 49
-@add_to_class(SimEngine)
-def on_sendrecv(self, process, req):
-    rank = process.pid
-    exchange = self.exchanges[rank]
-    if exchange is None or exchange.process is not process:
-        exchange = self.exchange_for(process)
-    exchange.req, exchange.start, exchange.pending = req, self.sim.now, 2
-    payload = req.payload
-    if type(payload) is not SizeOnly:      # the send's snapshot (placeholders are immutable)
-        payload = snapshot(payload)
-    self.network.transmit(rank, req.dst, req.nbytes, exchange.sent, self.deliver,
-                          (rank, req.dst, req.tag, payload))
-    key = (req.src, req.tag)
-    box = self.mailbox[rank].get(key)
-    if box:
-        # Already here: count the receive as done now. The send cannot have finished yet
-        # (a transmission always ends in a later event), so this cannot resume the rank.
-        exchange.on_received(box.popleft())
-    elif self.failed and req.src in self.notices[rank]:
-        exchange.on_received(self.notices[rank][req.src])   # raised when the exchange completes
-    else:
-        waiting = self.posted[rank].get(key)
-        if waiting is None:
-            waiting = self.posted[rank][key] = deque()
-        waiting.append(exchange.received)
-    return PENDING
-
-
-@add_to_class(SimEngine)
-def exchange_for(self, process) -> Exchange:
-    """The Exchange of this process: the first of a rank to ask gets the rank's slot, any
-    other activity of the rank (week 3) one of its own."""
-    rank = process.pid
-    if self.exchanges[rank] is None:
-        self.exchanges[rank] = Exchange(self, process)
-        return self.exchanges[rank]
-    others = self.__dict__.setdefault("other_exchanges", {})
-    if process not in others:
-        others[process] = Exchange(self, process)
-    return others[process]
-
-
-# -- cell 51
-@add_to_class(SimEngine)
-def on_compute(self, process, req):
-    return self.spend(process, "compute", req.seconds, 0)
-
-
-@add_to_class(SimEngine)
-def on_combine(self, process, req):
-    if self.gamma == 0 and self.rows is None:
-        return None                        # free and unrecorded: the common case at scale
-    return self.spend(process, "combine", req.nbytes * self.gamma, req.nbytes)
-
-
-@add_to_class(SimEngine)
-def on_now(self, process, req):
-    return self.sim.now                    # answered at once: reading the clock takes no time
-
-
-@add_to_class(SimEngine)
-def spend(self, process, op, seconds, nbytes):
-    """Let simulated time pass on one rank; no time at all is answered at once."""
-    rank, start = process.pid, self.sim.now
-    if seconds == 0:
-        self.record(rank, op, start, nbytes=nbytes, track=process.track)
-        return None
-
-    def done(_):
-        self.record(rank, op, start, nbytes=nbytes, track=process.track)
-        process.resume(None)
-    self.sim.after(seconds, done)
-    return PENDING
-
-
-# -- cell 53
-@add_to_class(SimEngine)
-def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
-    for rank in range(self.world_size):
-        gen = start_rank(program, Comm(rank, self.world_size), args, kwargs)
-        self.sim.spawn(gen, self.handle, name=f"rank {rank}")
-    try:
-        self.sim.run(max_events, timeout)
-    except DeadlockError as deadlock:
-        unread = self.unreceived()
-        if unread:
-            raise DeadlockError(deadlock.waiting, "messages that arrived but were never "
-                                "received (a tag or peer mismatch?):\n  "
-                                + describe_messages(unread)) from None
-        raise
-    except ProcessFailed as failure:
-        error = failure.error
-        raise RankError(failure.process.pid,
-                        f"failed at t={self.sim.now:.9g} s: {type(error).__name__}: {error}"
-                        ) from error
-    self.check_all_received()
-    processes = self.sim.processes[:self.world_size]    # the ranks (not their activities)
-    check_returned(processes)       # a rank that returned a generator: no `yield from`?
-    finish = [p.finish_time for p in processes]
-    return RunResult(values=[p.value for p in processes], time=max(finish),
-                     trace=self.trace, engine="sim", world_size=self.world_size,
-                     finish_times=finish,
-                     failed={rank: notice.error.__cause__ for rank, notice in self.failed.items()})
-
-
-@add_to_class(SimEngine)
-def unreceived(self) -> list:
-    """(src, dst, tag, count) of messages that arrived but no receive has taken."""
-    return [(src, dst, tag, len(box)) for dst, boxes in enumerate(self.mailbox)
-            for (src, tag), box in sorted(boxes.items()) if box]
-
-
-@add_to_class(SimEngine)
-def check_all_received(self) -> None:
-    """Every rank finished: a message still in a mailbox was sent but never received (to or
-    from a rank that failed, week 4, it was orphaned by the failure: not an error)."""
-    left = [m for m in self.unreceived() if m[0] not in self.failed and m[1] not in self.failed]
-    if left:
-        raise RankError(left[0][1], "finished without receiving messages sent to it "
-                        "(mismatched peers or tags?):\n  " + describe_messages(left))
-
-
-def describe_messages(messages) -> str:
-    return "\n  ".join(f"rank {src} -> rank {dst} (tag {tag}): {n} message(s)"
-                       for src, dst, tag, n in messages)
-
-
 def simulate(program, world_size: int, network, args=(), kwargs=None,
              trace: bool = True, max_events: int | None = None,
              failures: str = "stop", timeout: float | None = None) -> RunResult:
     """Run `program(comm, *args, **kwargs)` on `world_size` simulated ranks over `network`
-    (limits `max_events` and `timeout`: see Simulator.run; `failures`: see SimEngine)."""
+    (limits `max_events` and `timeout`: see dsml.sim.Simulator.run; `failures`: see SimEngine)."""
     return SimEngine(world_size, network, trace, failures).run(program, args, kwargs,
                                                                max_events, timeout)
