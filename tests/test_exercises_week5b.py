@@ -69,6 +69,10 @@ def bytes_no_gradient_trip(batch, seq, hidden, cp, itemsize):
     return 4 * (cp - 1) * batch * (seq // cp) * hidden * itemsize
 
 
+def bytes_gradients_stop_short(batch, seq, hidden, cp, itemsize):   # no last hop home
+    return 6 * (cp - 1) * batch * (seq // cp) * hidden * itemsize
+
+
 def bytes_elements(batch, seq, hidden, cp, itemsize):
     return solution.ring_attention_bytes(batch, seq, hidden, cp, itemsize) / itemsize
 
@@ -80,13 +84,15 @@ def bytes_k_only(batch, seq, hidden, cp, itemsize):
 WRONG = {
     "5b.1": [merge_average, merge_without_shift, merge_lse_max],
     "5b.2": [zigzag_contiguous, zigzag_striped, zigzag_mirror_of_cp],
-    "5b.3": [bytes_forward_only, bytes_no_gradient_trip, bytes_elements, bytes_k_only],
+    "5b.3": [bytes_forward_only, bytes_no_gradient_trip, bytes_gradients_stop_short,
+             bytes_elements, bytes_k_only],
 }
 RIGHT = {"5b.1": [merge_with_logaddexp], "5b.2": [zigzag_as_list_in_another_order]}
 HINT_WORDS = {
     merge_average: "plain average", merge_without_shift: "overflow", merge_lse_max: "larger",
     zigzag_contiguous: "plain split", zigzag_striped: "striped", zigzag_mirror_of_cp: "mirrors",
     bytes_forward_only: "forward alone", bytes_no_gradient_trip: "dK and dV",
+    bytes_gradients_stop_short: "end up",
     bytes_elements: "itemsize", bytes_k_only: "Half",
 }
 

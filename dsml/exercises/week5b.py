@@ -168,6 +168,9 @@ def check_ring_attention_bytes(ring_attention_bytes):
         elif math.isclose(got, 4 * (cp - 1) * block):
             advice = ("K and V go around twice, but the gradients dK and dV must travel too, "
                       "all the way back to the rank that owns the block.")
+        elif math.isclose(got, 6 * (cp - 1) * block):
+            advice = ("K, V, dK and dV each make cp − 1 hops here. After the last step, where "
+                      "are the gradients of a block, and where must they end up?")
         elif math.isclose(got * itemsize, expected):
             advice = "Count bytes, not elements: multiply by the itemsize."
         elif math.isclose(2 * got, expected):
