@@ -566,65 +566,102 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
 
 
 # -- cell 152
+import multiprocessing
+import os
+import signal
+import time
+
 HEARTBEAT_TAG = 41
 
 
-def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
+def pause(comm, seconds: float):
+    """Let `seconds` pass on any engine: simulated time on the simulator; on the real engines,
+    where compute takes no time, the rest is slept."""
+    start = yield comm.now()
+    yield comm.compute(seconds)
+    left = seconds - ((yield comm.now()) - start)
+    if left > 1e-9:
+        time.sleep(left)
+
+
+def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None,
+                     how: str = "raise"):
     """Rank program: send `monitor` a heartbeat ("beat", fencing token) after each `period`
-    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token); with
-    `crash_at` = k, fail (fail-stop) instead of beat k, the time of failure on the error's
-    `.time`. The token is the epoch the worker was admitted in: 0."""
+    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token). With
+    `crash_at` = k it fails instead of beat k: how="raise" ends it fail-stop (the time on the
+    error's `.time`), how="kill" SIGKILLs its own process (engine="processes" only). The
+    token is the epoch the worker was admitted in: 0."""
     token = 0
     for k, stall in enumerate(stalls):
         if k == crash_at:
-            error = InjectedCrash(f"rank {comm.rank} failed before heartbeat {k}")
-            error.time = yield comm.now()
-            raise error
-        yield comm.compute(period + float(stall))
+            yield from fail_now(comm, how, f"rank {comm.rank} failed before heartbeat {k}")
+        yield from pause(comm, period + float(stall))
         yield comm.send(monitor, ("beat", token), tag=HEARTBEAT_TAG)
     yield comm.send(monitor, ("bye", token), tag=HEARTBEAT_TAG)
     return "finished"
 
 
+def heartbeat_clock(comm, monitor: int, every: float):
+    """Rank program: the monitor's timer. A rank program can only wait for messages, so time
+    passing is a message too: a tick every `every` s, each answered "go on" or "stop"."""
+    while True:
+        yield from pause(comm, every)
+        yield comm.send(monitor, ("tick", 0), tag=HEARTBEAT_TAG)
+        if (yield comm.recv(monitor, tag=HEARTBEAT_TAG)) == "stop":
+            return "stopped"
+
+
+def fail_now(comm, how: str, why: str):
+    """Fail this rank: raise InjectedCrash (its `.time` the failure's), or with how="kill"
+    send its own process SIGKILL — no exception, no goodbye: the pipe just goes silent."""
+    if how == "kill":
+        if multiprocessing.parent_process() is None:
+            raise ValueError("how='kill' needs engine='processes' (it kills the process)")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how != "raise":
+        raise ValueError(f"how must be 'raise' or 'kill', got {how!r}")
+    error = InjectedCrash(why)
+    error.time = yield comm.now()
+    raise error
+
+
 # -- cell 153
-def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
-    """Rank program: the failure detector and membership. One listener activity per worker
-    notes when its heartbeats arrive; every `check_every` s the monitor suspects each member
-    silent for more than `timeout` s and removes it: a new epoch, its token revoked, and
-    whatever it sends later refused (fenced). The engine's failure notice (PeerFailed) only
-    ends a listener. Returns, once every worker has said bye or been suspected,
-    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks}}."""
+def heartbeat_monitor(comm, workers, clock: int, timeout: float):
+    """Rank program: the failure detector and membership. It takes the next message from
+    anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
+    suspects each member silent for more than `timeout` s and removes it — a new epoch, its
+    token revoked, whatever it sends later refused (fenced). The engine's failure notice
+    (PeerFailed) only says a worker will send nothing more; it never decides a suspicion.
+    Returns, once every worker has said bye or been suspected, and has gone quiet,
+    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks},
+    "last": {rank: when last heard}} (times from comm.now())."""
     last = dict.fromkeys(workers, 0.0)
-    revoked, suspected, fenced, finished = set(), {}, [], set()
-
-    def listen(worker):
-        while True:
-            try:
-                kind, token = yield comm.recv(worker, tag=HEARTBEAT_TAG)
-            except PeerFailed:
-                return                             # silence from now on
-            now = yield comm.now()
-            if (worker, token) in revoked:
-                fenced.append((now, worker))       # a revoked token: refused
-            else:
-                last[worker] = now
-                if kind == "bye":
-                    finished.add(worker)
-            if kind == "bye":
-                return
-
-    listeners = []
-    for worker in workers:
-        listeners.append((yield comm.spawn(listen(worker))))
+    revoked, suspected, fenced, finished, quiet = set(), {}, [], set(), set()
     epoch = 0
-    while any(w not in finished and w not in suspected for w in workers):
-        yield comm.compute(check_every)
+    while any((w not in finished and w not in suspected) or w not in quiet for w in workers):
+        try:
+            src, (kind, token) = yield comm.recv_any(HEARTBEAT_TAG)
+        except PeerFailed as failure:
+            quiet.add(failure.rank)                # silence from now on
+            continue
         now = yield comm.now()
-        for worker in workers:
-            if worker not in finished and worker not in suspected \
-                    and now - last[worker] > timeout:
-                suspected[worker], epoch = now, epoch + 1
-                revoked.add((worker, 0))
-    for listener in listeners:
-        yield comm.join(listener)
-    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished}
+        if src == clock:
+            for worker in workers:
+                if worker not in finished and worker not in suspected \
+                        and now - last[worker] > timeout:
+                    suspected[worker], epoch = now, epoch + 1
+                    revoked.add((worker, 0))
+            yield comm.send(clock, "go on", tag=HEARTBEAT_TAG)
+            continue
+        if (src, token) in revoked:
+            fenced.append((now, src))              # a revoked token: refused
+        else:
+            last[src] = now
+            if kind == "bye":
+                finished.add(src)
+        if kind == "bye":
+            quiet.add(src)
+    yield comm.recv(clock, tag=HEARTBEAT_TAG)      # the clock's next tick: tell it to stop
+    yield comm.send(clock, "stop", tag=HEARTBEAT_TAG)
+    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished,
+            "last": last}

@@ -393,19 +393,26 @@ def test_replay_is_the_serial_reference():
 
 # --- failure detectors that can be wrong ----------------------------------------------------------
 
-from dsml.elastic import heartbeat_monitor, heartbeat_worker   # noqa: E402
+from dsml.elastic import heartbeat_clock, heartbeat_monitor, heartbeat_worker   # noqa: E402
 
 
-def detector_run(timeout, stalls, crashes=None, period=0.01, check_every=0.001):
-    crashes = crashes or {}
+def detector_program(comm, timeout, stalls, crashes, period, check_every, how="raise"):
+    """Rank 0 monitors, the last rank is its clock, ranks 1.. are workers."""
+    clock = comm.size - 1
+    if comm.rank == 0:
+        return (yield from heartbeat_monitor(comm, list(range(1, clock)), clock, timeout))
+    if comm.rank == clock:
+        return (yield from heartbeat_clock(comm, 0, check_every))
+    return (yield from heartbeat_worker(comm, 0, period, stalls[comm.rank - 1],
+                                        crashes.get(comm.rank), how))
 
-    def program(comm):
-        if comm.rank == 0:
-            return (yield from heartbeat_monitor(comm, list(range(1, comm.size)), timeout,
-                                                 check_every))
-        return (yield from heartbeat_worker(comm, 0, period, stalls[comm.rank - 1],
-                                            crashes.get(comm.rank)))
-    return run(program, len(stalls) + 1, network=AlphaBeta(5e-6, 1e-9), failures="notify")
+
+def detector_run(suspect_after, stalls, crashes=None, period=0.01, check_every=0.001,
+                 how="raise", **options):
+    if options.get("engine", "sim") == "sim":
+        options.setdefault("network", AlphaBeta(5e-6, 1e-9))
+    return run(detector_program, len(stalls) + 2, failures="notify",
+               args=(suspect_after, stalls, crashes or {}, period, check_every, how), **options)
 
 
 def test_without_stalls_or_failures_nobody_is_suspected():
@@ -438,3 +445,42 @@ def test_a_stalled_worker_is_falsely_suspected_and_then_fenced():
     assert monitor["finished"] == {2, 3}     # a fenced bye does not count as a member's
     # a timeout longer than the stall suspects nobody
     assert detector_run(0.07, stalls).values[0]["suspected"] == {}
+
+
+# --- the same detector on real threads and processes: wall-clock periods ------------------------
+# Outcomes only (who is suspected, who fenced): never timing, the machine may be loaded. A
+# stall or a failure lasts far longer than the timeout, so a busy machine cannot hide it.
+
+WALL_PERIOD, WALL_TIMEOUT, WALL_CHECK = 0.02, 0.1, 0.005
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_wall_clock_detector_suspects_a_stall_and_fences_it(engine):
+    stalls = np.zeros((3, 12))
+    stalls[0, 4] = 0.4                       # worker 1 sleeps 400 ms (4 timeouts) before beat 4
+    result = detector_run(WALL_TIMEOUT, stalls, period=WALL_PERIOD, check_every=WALL_CHECK,
+                          engine=engine, timeout=60)
+    monitor = result.values[0]
+    assert 1 in monitor["suspected"] and not result.failed
+    assert 1 not in monitor["finished"]      # its bye came after the suspicion: refused
+    fenced = [rank for _, rank in monitor["fenced"] if rank == 1]
+    assert len(fenced) >= 2                  # at least its beat after the stall and its bye
+    assert result.values[-1] == "stopped"    # the clock was told to stop
+
+
+@pytest.mark.parametrize("engine, how", [("threads", "raise"), ("processes", "raise"),
+                                         ("processes", "kill")])
+def test_wall_clock_detector_detects_a_failed_rank(engine, how):
+    result = detector_run(WALL_TIMEOUT, np.zeros((3, 15)), crashes={2: 5}, period=WALL_PERIOD,
+                          check_every=WALL_CHECK, engine=engine, timeout=60, how=how)
+    monitor = result.values[0]
+    assert sorted(result.failed) == [2] and 2 in monitor["suspected"]
+    # not before the timeout: suspected only after a timeout's silence since its last beat
+    assert monitor["suspected"][2] - monitor["last"][2] > WALL_TIMEOUT
+
+
+def test_kill_is_refused_outside_the_processes_engine():
+    result = detector_run(WALL_TIMEOUT, np.zeros((1, 3)), crashes={1: 1}, how="kill")
+    assert "how='kill' needs engine='processes'" in str(result.failed[1])
+    result = detector_run(WALL_TIMEOUT, np.zeros((1, 3)), crashes={1: 1}, how="later")
+    assert "how must be 'raise' or 'kill', got 'later'" in str(result.failed[1])
