@@ -16,7 +16,6 @@ from dsml.utils import add_to_class
 UP, DOWN = 70, 71           # tags: messages towards the leader, and from the leader
 RULES = ("global", "linear")
 RESTORES = ("checkpoint", "replica")
-CRASH_POINTS = ("step", "reply", "rendezvous")
 
 
 class InjectedCrash(RuntimeError):
@@ -61,13 +60,16 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
 
 
 # -- cell 110
+CRASH_POINTS = ("step", "reply", "rendezvous")
+
+
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
     leader: after sending the step's result to the more junior half of the workers) or
     "rendezvous" (in the rendezvous that makes epoch `number`: a worker after sending its
     report, a leader after sending the new membership to the first half — in the final
-    rendezvous, before its first message: see _lead_rendezvous)."""
+    rendezvous, before its first message: see CrashingRank)."""
     crashes = dict(crashes or {})
     for rank, spec in crashes.items():
         if not 0 <= rank < world_size:
@@ -99,8 +101,8 @@ class ElasticRank:
     checkpoint of it, the current membership and epoch, and the ranks it knows to be dead."""
 
     def __init__(self, comm, model, optimizer, X, y, steps, batch, lr, members, joins,
-                 rule, restore, checkpoint_every, crashes, seconds_per_sample, detect_seconds,
-                 seed, loss):
+                 rule, restore, checkpoint_every, seconds_per_sample, detect_seconds, seed,
+                 loss):
         self.comm, self.me = comm, comm.rank
         self.model, self.optimizer = copy.deepcopy(model), copy.deepcopy(optimizer)
         self.X, self.y, self.steps, self.batch, self.base_lr = X, y, steps, batch, lr
@@ -109,7 +111,7 @@ class ElasticRank:
         # senior live rank leads; every rank can work it out from what it knows.
         self.seniority = self.initial + sorted(self.joins, key=lambda r: (self.joins[r], r))
         self.rule, self.restore, self.every = rule, restore, checkpoint_every
-        self.crashes, self.per_sample, self.detect = crashes, seconds_per_sample, detect_seconds
+        self.per_sample, self.detect = seconds_per_sample, detect_seconds
         self.seed, self.loss = seed, loss
         self.member = self.me in self.initial
         self.members = list(self.initial) if self.member else []
@@ -138,10 +140,6 @@ class ElasticRank:
         self.history, self.rendezvous_log = list(state["history"]), list(state["rendezvous"])
         self.holds = True
 
-    def crash_if(self, point: str, number: int) -> None:
-        if self.crashes.get(self.me) == (point, number):
-            raise InjectedCrash(f"rank {self.me} crashed at {point} {number} (injected)")
-
     def noticed(self, rank: int):
         """A receive from `rank` raised PeerFailed: remember it, and pay the detection delay a
         heartbeat timeout would cost (the simulator's notice itself is instantaneous)."""
@@ -168,7 +166,7 @@ def joiners_due(self, step: int) -> list:
             and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
 
-# -- cell 115
+# -- cell 114
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -210,7 +208,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 116
+# -- cell 115
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -218,11 +216,9 @@ def train_step(self):
     with the message or with PeerFailed — and the leader decides for everyone.
     Returns None (step taken) or "failure" (go to a rendezvous)."""
     comm, leader = self.comm, self.members[0]
-    self.crash_if("step", self.step)
     samples, vector = yield from self.local_gradient()
     if self.me != leader:
-        yield comm.send(leader, (self.step, samples, vector), tag=UP)
-        self.crash_if("reply", self.step)
+        yield from self.send_gradient(leader, samples, vector)
         try:
             reply = yield comm.recv(leader, tag=DOWN)
         except PeerFailed:
@@ -251,17 +247,24 @@ def train_step(self):
         for worker in workers:
             yield comm.send(worker, ("rendezvous", sorted(self.dead)), tag=DOWN)
         return "failure"
-    for k, worker in enumerate(reversed(workers)):      # the most junior first
-        if k == len(workers) // 2 and len(workers) > 1:
-            self.crash_if("reply", self.step)
-        yield comm.send(worker, ("step", total, sizes), tag=DOWN)
-    if len(workers) <= 1:
-        self.crash_if("reply", self.step)
+    yield from self.send_step(workers, total, sizes)
     self.apply(total, sizes)
     return None
 
 
-# -- cell 118
+@add_to_class(ElasticRank)
+def send_gradient(self, leader: int, samples: int, vector):
+    yield self.comm.send(leader, (self.step, samples, vector), tag=UP)
+
+
+@add_to_class(ElasticRank)
+def send_step(self, workers, total, sizes):
+    """The leader sends the step's summed vector to the workers, the most junior first."""
+    for worker in reversed(workers):
+        yield self.comm.send(worker, ("step", total, sizes), tag=DOWN)
+
+
+# -- cell 117
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -285,8 +288,7 @@ def rendezvous(self, reason: str):
         if leader == self.me:
             outcome = yield from self.lead_rendezvous(reason)
             return outcome
-        yield comm.send(leader, ("report", self.report(reason)), tag=UP)
-        self.crash_if("rendezvous", self.epoch + 1)
+        yield from self.send_report(leader, reason)
         try:
             while True:
                 decision = yield comm.recv(leader, tag=DOWN)
@@ -320,7 +322,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 120
+# -- cell 119
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -347,7 +349,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 121
+# -- cell 120
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -386,7 +388,14 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 122
+# -- cell 121
+@add_to_class(ElasticRank)
+def announce(self, epoch: int, decisions):
+    """Send each rank of the new membership (epoch `epoch`) its decision, in order."""
+    for rank, decision in decisions:
+        yield self.comm.send(rank, decision, tag=DOWN)
+
+
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect the reports, choose the state to resume from, and send
@@ -410,17 +419,13 @@ def lead_rendezvous(self, reason: str):
     others = [r for r in members if r != self.me]
     # A rank told "done" leaves; if the leader died half-way through *that* broadcast, the
     # others would wait for a rank that has left. Ending safely needs a termination protocol
-    # (e.g. a uniform reliable broadcast), which this section leaves out: an injected leader
-    # crash in the final rendezvous strikes before its first message, never half-way.
-    split = 0 if done else len(others) // 2
-    for k, rank in enumerate(others):
-        if k == split and (len(others) > 1 or done):
-            self.crash_if("rendezvous", epoch)
+    # (e.g. a uniform reliable broadcast), which this section leaves out (see CrashingRank).
+    decisions = []
+    for rank in others:
         mine = ("live" if kind == "live" else "checkpoint") if rank in has_it else "state"
-        yield comm.send(rank, ("members", epoch, members, sorted(self.dead), mine,
-                               state if mine == "state" else None, done, record), tag=DOWN)
-    if len(others) <= 1 and not (done and others):
-        self.crash_if("rendezvous", epoch)
+        decisions.append((rank, ("members", epoch, members, sorted(self.dead), mine,
+                                 state if mine == "state" else None, done, record)))
+    yield from self.announce(epoch, decisions)
     self.epoch, self.members, self.member = epoch, members, True
     if kind == "checkpoint" or self.me not in has_it:
         self.load(state)
@@ -434,7 +439,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 123
+# -- cell 122
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -456,7 +461,12 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 125
+@add_to_class(ElasticRank)
+def send_report(self, leader: int, reason: str):
+    yield self.comm.send(leader, ("report", self.report(reason)), tag=UP)
+
+
+# -- cell 124
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -501,6 +511,62 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
+# -- cell 125
+def crash_after(messages, after: int, why: str):
+    """Run the sends of `messages` (a generator) and fail once `after` of them are done — or at
+    its end, if it sends fewer."""
+    for sent, request in enumerate(messages):
+        if sent == after:
+            messages.close()
+            break
+        yield request
+    raise InjectedCrash(why)
+
+
+class CrashingRank(ElasticRank):
+    """An ElasticRank that fails (fail-stop, InjectedCrash) at one point, `crash` = (point,
+    number) as check_crashes describes; the protocol's methods run unchanged inside. The final
+    rendezvous's leader fails before its first message: a rank told "done" leaves, and ending
+    safely after a crash half-way needs a termination protocol this section leaves out."""
+
+    def __init__(self, *args, crash):
+        super().__init__(*args)
+        self.point, self.number = crash
+        self.why = f"rank {self.me} crashed at {self.point} {self.number} (injected)"
+
+    def train_step(self):
+        if (self.point, self.number) == ("step", self.step):
+            raise InjectedCrash(self.why)
+        return (yield from super().train_step())
+
+    def send_gradient(self, leader, samples, vector):
+        messages = super().send_gradient(leader, samples, vector)
+        if (self.point, self.number) == ("reply", self.step):
+            messages = crash_after(messages, 1, self.why)
+        yield from messages
+
+    def send_step(self, workers, total, sizes):
+        messages = super().send_step(workers, total, sizes)
+        if (self.point, self.number) == ("reply", self.step):
+            half = len(workers) // 2 if len(workers) > 1 else len(workers)
+            messages = crash_after(messages, half, self.why)
+        yield from messages
+
+    def send_report(self, leader, reason):
+        messages = super().send_report(leader, reason)
+        if (self.point, self.number) == ("rendezvous", self.epoch + 1):
+            messages = crash_after(messages, 1, self.why)
+        yield from messages
+
+    def announce(self, epoch, decisions):
+        messages = super().announce(epoch, decisions)
+        if (self.point, self.number) == ("rendezvous", epoch):
+            done = bool(decisions) and decisions[0][1][6]
+            half = 0 if done else len(decisions) // 2 if len(decisions) > 1 else len(decisions)
+            messages = crash_after(messages, half, self.why)
+        yield from messages
+
+
 # -- cell 126
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
@@ -513,14 +579,16 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     lr per membership (scaled); `restore` says what a failure resumes from: "checkpoint" (the
     in-memory checkpoint, taken every `checkpoint_every` steps and at every new membership:
     the steps since are lost) or "replica" (the most advanced surviving replica: only the
-    step in flight is lost). `crashes` = {rank: (point, number)} (check_crashes).
+    step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
     heartbeat timeout adds to each detected failure. Returns a dict (see ElasticRank.run)."""
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
                                       checkpoint_every)
-    rank = ElasticRank(comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule,
-                       restore, checkpoint_every, check_crashes(crashes, comm.size),
-                       seconds_per_sample, detect_seconds, seed, loss)
+    crashes = check_crashes(crashes, comm.size)
+    args = (comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule, restore,
+            checkpoint_every, seconds_per_sample, detect_seconds, seed, loss)
+    rank = CrashingRank(*args, crash=crashes[comm.rank]) if comm.rank in crashes \
+        else ElasticRank(*args)
     if comm.rank not in members and comm.rank not in joins:
         return {"status": "idle", "rank": comm.rank}
     result = yield from rank.run_rank()
