@@ -14,6 +14,7 @@ from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
 
 UP, DOWN = 70, 71           # tags: messages towards the leader, and from the leader
+STORE_TAG = 72              # requests to the membership store, and its answers
 RULES = ("global", "linear")
 RESTORES = ("checkpoint", "replica")
 
@@ -116,6 +117,7 @@ class ElasticRank:
         self.member = self.me in self.initial
         self.members = list(self.initial) if self.member else []
         self.epoch, self.dead = 0, set()
+        self.store = None                       # the membership store's rank (elastic_train)
         self.step, self.cursor, self.history, self.rendezvous_log = 0, 0, [], []
         self.computed_samples = 0              # every sample this rank took a gradient of
         self.holds = self.member                # a spare holds no model until it is given one
@@ -164,6 +166,47 @@ def candidate(self) -> int:
 def joiners_due(self, step: int) -> list:
     return [r for r in self.seniority if r in self.joins and r not in self.members
             and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
+
+def membership_store(comm, clients, members):
+    """Rank program: the membership store. It holds the membership and its generation and
+    changes them only by compare-and-set: ("cas", generation seen, members) succeeds when the
+    generation is still the one seen, and moves it on by one; otherwise it is refused. Every
+    request is answered (verdict, generation, members). It serves `clients` until each has
+    said ("bye",) or failed, and returns {"generation", "members", "log": [(generation,
+    members, proposer)], "refused": [(proposer, generation seen, generation held)]}."""
+    generation, members = 0, list(members)
+    log, refused, gone = [(0, list(members), None)], [], set()
+    while not set(clients) <= gone:            # a failed non-client counts for nothing
+        try:
+            src, request = yield comm.recv_any(STORE_TAG)
+        except PeerFailed as failure:
+            gone.add(failure.rank)
+            continue
+        if request[0] == "bye":
+            gone.add(src)
+            continue
+        verdict = "ok" if request[1] == generation else "refused"
+        if verdict == "ok":
+            generation, members = generation + 1, list(request[2])
+            log.append((generation, members, src))
+        else:
+            refused.append((src, request[1], generation))
+        yield comm.send(src, (verdict, generation, members), tag=STORE_TAG)
+    return {"status": "store", "generation": generation, "members": members, "log": log,
+            "refused": refused}
+
+
+def propose(comm, store, members, seen: int):
+    """Have the membership store at rank `store` take `members` on top of generation `seen`;
+    returns the generation it took them under. A refusal means someone moved the generation
+    on since `seen` (in a fail-stop run: a proposer that has died since — a live one is
+    never passed over), so propose again on top of what the store holds."""
+    while True:
+        yield comm.send(store, ("cas", seen, members), tag=STORE_TAG)
+        verdict, generation, _ = yield comm.recv(store, tag=STORE_TAG)
+        if verdict == "ok":
+            return generation
+        seen = generation
 
 
 # -- cell 114
@@ -408,7 +451,7 @@ def lead_rendezvous(self, reason: str):
         return choice
     kind, chosen, has_it, holders, state, failure = choice
     members = [r for r in self.seniority if r in reports and r not in self.dead]
-    epoch = max(r["epoch"] for r in reports.values()) + 1
+    epoch = yield from self.commit(members, max(r["epoch"] for r in reports.values()))
     resume = chosen[0]
     done = resume >= self.steps
     lost = max(reports[r]["step"] for r in holders) - resume
@@ -466,6 +509,15 @@ def send_report(self, leader: int, reason: str):
     yield self.comm.send(leader, ("report", self.report(reason)), tag=UP)
 
 
+@add_to_class(ElasticRank)
+def commit(self, members, seen: int):
+    """The generation of the new membership: without a store, the next after the newest any
+    reporter has seen; with one, whatever the store takes it under (propose)."""
+    if self.store is None:
+        return seen + 1
+    return (yield from propose(self.comm, self.store, members, seen))
+
+
 # -- cell 124
 @add_to_class(ElasticRank)
 def run_rank(self):
@@ -491,12 +543,17 @@ def run_rank(self):
 
 
 def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
-                     checkpoint_every) -> tuple[list, dict]:
-    """The starting members (default: every rank that is not a spare) and spares {rank: step},
-    checked with the run's sizes, rule and restore mode; clear errors for anything else."""
+                     checkpoint_every, store=None) -> tuple[list, dict]:
+    """The starting members (default: every rank that is neither a spare nor the store) and
+    spares {rank: step}, checked with the run's sizes, rule, restore mode and store rank;
+    clear errors for anything else."""
     joins = dict(joins or {})
+    if store is not None and not (0 <= store < comm.size and store not in joins
+                                  and store not in (members or [])):
+        raise ValueError(f"store must be a rank in 0..{comm.size - 1} that is neither a member "
+                         f"nor a spare, got {store}")
     if members is None:
-        members = [r for r in range(comm.size) if r not in joins]
+        members = [r for r in range(comm.size) if r not in joins and r != store]
     members = sorted(members)
     if not members or set(members) & set(joins) or not set(members) | set(joins) <= \
             set(range(comm.size)):
@@ -571,7 +628,8 @@ class CrashingRank(ElasticRank):
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
-                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy"):
+                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy",
+                  store=None):
     """Rank program (run with failures="notify"): data-parallel SGD that survives ranks
     leaving and joining. `steps` optimizer steps over a seeded stream of X, y (stream_batch);
     `members` the ranks that start (default: all but the spares), `joins` = {spare rank: step}
@@ -581,17 +639,26 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     the steps since are lost) or "replica" (the most advanced surviving replica: only the
     step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
-    heartbeat timeout adds to each detected failure. Returns a dict (see ElasticRank.run)."""
+    heartbeat timeout adds to each detected failure. `store`: a rank that runs the membership
+    store (membership_store) instead of training. Returns a dict (see ElasticRank.run)."""
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
-                                      checkpoint_every)
+                                      checkpoint_every, store)
     crashes = check_crashes(crashes, comm.size)
+    if store in crashes:
+        raise ValueError(f"crashes: the store (rank {store}) cannot crash: a store that "
+                         f"survives failures is replicated (etcd), which this section leaves out")
+    if comm.rank == store:
+        return (yield from membership_store(comm, members + sorted(joins), members))
     args = (comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule, restore,
             checkpoint_every, seconds_per_sample, detect_seconds, seed, loss)
     rank = CrashingRank(*args, crash=crashes[comm.rank]) if comm.rank in crashes \
         else ElasticRank(*args)
+    rank.store = store
     if comm.rank not in members and comm.rank not in joins:
         return {"status": "idle", "rank": comm.rank}
     result = yield from rank.run_rank()
+    if store is not None:
+        yield comm.send(store, ("bye",), tag=STORE_TAG)
     return result
 
 
@@ -694,12 +761,14 @@ def fail_now(comm, how: str, why: str):
 
 
 # -- cell 153
-def heartbeat_monitor(comm, workers, clock: int, timeout: float):
+def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
     """Rank program: the failure detector and membership. It takes the next message from
     anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
     suspects each member silent for more than `timeout` s and removes it — a new epoch, its
     token revoked, whatever it sends later refused (fenced). The engine's failure notice
     (PeerFailed) only says a worker will send nothing more; it never decides a suspicion.
+    With `store` (a membership_store's rank), each suspicion goes to the store, which decides
+    the new membership's generation by compare-and-set.
     Returns, once every worker has said bye or been suspected, and has gone quiet,
     {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks},
     "last": {rank: when last heard}} (times from comm.now())."""
@@ -717,8 +786,11 @@ def heartbeat_monitor(comm, workers, clock: int, timeout: float):
             for worker in workers:
                 if worker not in finished and worker not in suspected \
                         and now - last[worker] > timeout:
-                    suspected[worker], epoch = now, epoch + 1
+                    suspected[worker] = now
                     revoked.add((worker, 0))
+                    alive = [w for w in workers if w not in suspected]
+                    epoch = epoch + 1 if store is None else \
+                        (yield from propose(comm, store, alive, epoch))
             yield comm.send(clock, "go on", tag=HEARTBEAT_TAG)
             continue
         if (src, token) in revoked:
@@ -731,5 +803,7 @@ def heartbeat_monitor(comm, workers, clock: int, timeout: float):
             quiet.add(src)
     yield comm.recv(clock, tag=HEARTBEAT_TAG)      # the clock's next tick: tell it to stop
     yield comm.send(clock, "stop", tag=HEARTBEAT_TAG)
+    if store is not None:
+        yield comm.send(store, ("bye",), tag=STORE_TAG)
     return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished,
             "last": last}
