@@ -464,7 +464,7 @@ WALL_PERIOD, WALL_TIMEOUT, WALL_CHECK = 0.02, 0.1, 0.005
 @pytest.mark.parametrize("engine", ["threads", "processes"])
 def test_wall_clock_detector_suspects_a_stall_and_fences_it(engine):
     stalls = np.zeros((3, 12))
-    stalls[0, 4] = 0.4                       # worker 1 sleeps 400 ms (4 timeouts) before beat 4
+    stalls[0, 4] = 1.0                       # worker 1 sleeps 1 s (10 timeouts) before beat 4
     result = detector_run(WALL_TIMEOUT, stalls, period=WALL_PERIOD, check_every=WALL_CHECK,
                           engine=engine, timeout=60)
     monitor = result.values[0]
