@@ -67,7 +67,7 @@ class CapstoneRank(ElasticRank):
         # The parent charges no compute itself (seconds_per_sample=0): this class charges it
         # with the straggler factor. No point crashes: ranks fail at scheduled times.
         super().__init__(comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule,
-                         restore, checkpoint_every, {}, 0.0, detect_seconds, seed, loss)
+                         restore, checkpoint_every, 0.0, detect_seconds, seed, loss)
         self.X_test, self.y_test = X_test, y_test
         self.sample_seconds, self.checkpoint_seconds = seconds_per_sample, checkpoint_seconds
         self.crash_time, self.factors = crash_time, compute_factors

@@ -14,9 +14,9 @@ from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
 
 UP, DOWN = 70, 71           # tags: messages towards the leader, and from the leader
+STORE_TAG = 72              # requests to the membership store, and its answers
 RULES = ("global", "linear")
 RESTORES = ("checkpoint", "replica")
-CRASH_POINTS = ("step", "reply", "rendezvous")
 
 
 class InjectedCrash(RuntimeError):
@@ -61,13 +61,16 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
 
 
 # -- cell 110
+CRASH_POINTS = ("step", "reply", "rendezvous")
+
+
 def check_crashes(crashes, world_size: int) -> dict:
     """Validate a crash schedule {rank: (point, number)}: point "step" (raise at the start of
     step `number`, before computing), "reply" (after sending step `number`'s gradient; a
     leader: after sending the step's result to the more junior half of the workers) or
     "rendezvous" (in the rendezvous that makes epoch `number`: a worker after sending its
     report, a leader after sending the new membership to the first half — in the final
-    rendezvous, before its first message: see _lead_rendezvous)."""
+    rendezvous, before its first message: see CrashingRank)."""
     crashes = dict(crashes or {})
     for rank, spec in crashes.items():
         if not 0 <= rank < world_size:
@@ -99,8 +102,8 @@ class ElasticRank:
     checkpoint of it, the current membership and epoch, and the ranks it knows to be dead."""
 
     def __init__(self, comm, model, optimizer, X, y, steps, batch, lr, members, joins,
-                 rule, restore, checkpoint_every, crashes, seconds_per_sample, detect_seconds,
-                 seed, loss):
+                 rule, restore, checkpoint_every, seconds_per_sample, detect_seconds, seed,
+                 loss):
         self.comm, self.me = comm, comm.rank
         self.model, self.optimizer = copy.deepcopy(model), copy.deepcopy(optimizer)
         self.X, self.y, self.steps, self.batch, self.base_lr = X, y, steps, batch, lr
@@ -109,11 +112,12 @@ class ElasticRank:
         # senior live rank leads; every rank can work it out from what it knows.
         self.seniority = self.initial + sorted(self.joins, key=lambda r: (self.joins[r], r))
         self.rule, self.restore, self.every = rule, restore, checkpoint_every
-        self.crashes, self.per_sample, self.detect = crashes, seconds_per_sample, detect_seconds
+        self.per_sample, self.detect = seconds_per_sample, detect_seconds
         self.seed, self.loss = seed, loss
         self.member = self.me in self.initial
         self.members = list(self.initial) if self.member else []
         self.epoch, self.dead = 0, set()
+        self.store = None                       # the membership store's rank (elastic_train)
         self.step, self.cursor, self.history, self.rendezvous_log = 0, 0, [], []
         self.computed_samples = 0              # every sample this rank took a gradient of
         self.holds = self.member                # a spare holds no model until it is given one
@@ -137,10 +141,6 @@ class ElasticRank:
         self.step, self.cursor = int(state["step"]), int(state["cursor"])
         self.history, self.rendezvous_log = list(state["history"]), list(state["rendezvous"])
         self.holds = True
-
-    def crash_if(self, point: str, number: int) -> None:
-        if self.crashes.get(self.me) == (point, number):
-            raise InjectedCrash(f"rank {self.me} crashed at {point} {number} (injected)")
 
     def noticed(self, rank: int):
         """A receive from `rank` raised PeerFailed: remember it, and pay the detection delay a
@@ -167,8 +167,49 @@ def joiners_due(self, step: int) -> list:
     return [r for r in self.seniority if r in self.joins and r not in self.members
             and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
+def membership_store(comm, clients, members):
+    """Rank program: the membership store. It holds the membership and its generation and
+    changes them only by compare-and-set: ("cas", generation seen, members) succeeds when the
+    generation is still the one seen, and moves it on by one; otherwise it is refused. Every
+    request is answered (verdict, generation, members). It serves `clients` until each has
+    said ("bye",) or failed, and returns {"generation", "members", "log": [(generation,
+    members, proposer)], "refused": [(proposer, generation seen, generation held)]}."""
+    generation, members = 0, list(members)
+    log, refused, gone = [(0, list(members), None)], [], set()
+    while not set(clients) <= gone:            # a failed non-client counts for nothing
+        try:
+            src, request = yield comm.recv_any(STORE_TAG)
+        except PeerFailed as failure:
+            gone.add(failure.rank)
+            continue
+        if request[0] == "bye":
+            gone.add(src)
+            continue
+        verdict = "ok" if request[1] == generation else "refused"
+        if verdict == "ok":
+            generation, members = generation + 1, list(request[2])
+            log.append((generation, members, src))
+        else:
+            refused.append((src, request[1], generation))
+        yield comm.send(src, (verdict, generation, members), tag=STORE_TAG)
+    return {"status": "store", "generation": generation, "members": members, "log": log,
+            "refused": refused}
 
-# -- cell 115
+
+def propose(comm, store, members, seen: int):
+    """Have the membership store at rank `store` take `members` on top of generation `seen`;
+    returns the generation it took them under. A refusal means someone moved the generation
+    on since `seen` (in a fail-stop run: a proposer that has died since — a live one is
+    never passed over), so propose again on top of what the store holds."""
+    while True:
+        yield comm.send(store, ("cas", seen, members), tag=STORE_TAG)
+        verdict, generation, _ = yield comm.recv(store, tag=STORE_TAG)
+        if verdict == "ok":
+            return generation
+        seen = generation
+
+
+# -- cell 114
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -210,7 +251,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 116
+# -- cell 115
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -218,11 +259,9 @@ def train_step(self):
     with the message or with PeerFailed — and the leader decides for everyone.
     Returns None (step taken) or "failure" (go to a rendezvous)."""
     comm, leader = self.comm, self.members[0]
-    self.crash_if("step", self.step)
     samples, vector = yield from self.local_gradient()
     if self.me != leader:
-        yield comm.send(leader, (self.step, samples, vector), tag=UP)
-        self.crash_if("reply", self.step)
+        yield from self.send_gradient(leader, samples, vector)
         try:
             reply = yield comm.recv(leader, tag=DOWN)
         except PeerFailed:
@@ -251,17 +290,24 @@ def train_step(self):
         for worker in workers:
             yield comm.send(worker, ("rendezvous", sorted(self.dead)), tag=DOWN)
         return "failure"
-    for k, worker in enumerate(reversed(workers)):      # the most junior first
-        if k == len(workers) // 2 and len(workers) > 1:
-            self.crash_if("reply", self.step)
-        yield comm.send(worker, ("step", total, sizes), tag=DOWN)
-    if len(workers) <= 1:
-        self.crash_if("reply", self.step)
+    yield from self.send_step(workers, total, sizes)
     self.apply(total, sizes)
     return None
 
 
-# -- cell 118
+@add_to_class(ElasticRank)
+def send_gradient(self, leader: int, samples: int, vector):
+    yield self.comm.send(leader, (self.step, samples, vector), tag=UP)
+
+
+@add_to_class(ElasticRank)
+def send_step(self, workers, total, sizes):
+    """The leader sends the step's summed vector to the workers, the most junior first."""
+    for worker in reversed(workers):
+        yield self.comm.send(worker, ("step", total, sizes), tag=DOWN)
+
+
+# -- cell 117
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -285,8 +331,7 @@ def rendezvous(self, reason: str):
         if leader == self.me:
             outcome = yield from self.lead_rendezvous(reason)
             return outcome
-        yield comm.send(leader, ("report", self.report(reason)), tag=UP)
-        self.crash_if("rendezvous", self.epoch + 1)
+        yield from self.send_report(leader, reason)
         try:
             while True:
                 decision = yield comm.recv(leader, tag=DOWN)
@@ -320,7 +365,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 120
+# -- cell 119
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -347,7 +392,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 121
+# -- cell 120
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -386,7 +431,14 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 122
+# -- cell 121
+@add_to_class(ElasticRank)
+def announce(self, epoch: int, decisions):
+    """Send each rank of the new membership (epoch `epoch`) its decision, in order."""
+    for rank, decision in decisions:
+        yield self.comm.send(rank, decision, tag=DOWN)
+
+
 @add_to_class(ElasticRank)
 def lead_rendezvous(self, reason: str):
     """The leader's side: collect the reports, choose the state to resume from, and send
@@ -399,7 +451,7 @@ def lead_rendezvous(self, reason: str):
         return choice
     kind, chosen, has_it, holders, state, failure = choice
     members = [r for r in self.seniority if r in reports and r not in self.dead]
-    epoch = max(r["epoch"] for r in reports.values()) + 1
+    epoch = yield from self.commit(members, max(r["epoch"] for r in reports.values()))
     resume = chosen[0]
     done = resume >= self.steps
     lost = max(reports[r]["step"] for r in holders) - resume
@@ -410,17 +462,13 @@ def lead_rendezvous(self, reason: str):
     others = [r for r in members if r != self.me]
     # A rank told "done" leaves; if the leader died half-way through *that* broadcast, the
     # others would wait for a rank that has left. Ending safely needs a termination protocol
-    # (e.g. a uniform reliable broadcast), which this section leaves out: an injected leader
-    # crash in the final rendezvous strikes before its first message, never half-way.
-    split = 0 if done else len(others) // 2
-    for k, rank in enumerate(others):
-        if k == split and (len(others) > 1 or done):
-            self.crash_if("rendezvous", epoch)
+    # (e.g. a uniform reliable broadcast), which this section leaves out (see CrashingRank).
+    decisions = []
+    for rank in others:
         mine = ("live" if kind == "live" else "checkpoint") if rank in has_it else "state"
-        yield comm.send(rank, ("members", epoch, members, sorted(self.dead), mine,
-                               state if mine == "state" else None, done, record), tag=DOWN)
-    if len(others) <= 1 and not (done and others):
-        self.crash_if("rendezvous", epoch)
+        decisions.append((rank, ("members", epoch, members, sorted(self.dead), mine,
+                                 state if mine == "state" else None, done, record)))
+    yield from self.announce(epoch, decisions)
     self.epoch, self.members, self.member = epoch, members, True
     if kind == "checkpoint" or self.me not in has_it:
         self.load(state)
@@ -434,7 +482,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 123
+# -- cell 122
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -456,7 +504,21 @@ def stop_all(self, ranks, why: str, collect: bool = False):
         yield self.comm.send(rank, ("stop", why), tag=DOWN)
 
 
-# -- cell 125
+@add_to_class(ElasticRank)
+def send_report(self, leader: int, reason: str):
+    yield self.comm.send(leader, ("report", self.report(reason)), tag=UP)
+
+
+@add_to_class(ElasticRank)
+def commit(self, members, seen: int):
+    """The generation of the new membership: without a store, the next after the newest any
+    reporter has seen; with one, whatever the store takes it under (propose)."""
+    if self.store is None:
+        return seen + 1
+    return (yield from propose(self.comm, self.store, members, seen))
+
+
+# -- cell 124
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -481,12 +543,17 @@ def run_rank(self):
 
 
 def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
-                     checkpoint_every) -> tuple[list, dict]:
-    """The starting members (default: every rank that is not a spare) and spares {rank: step},
-    checked with the run's sizes, rule and restore mode; clear errors for anything else."""
+                     checkpoint_every, store=None) -> tuple[list, dict]:
+    """The starting members (default: every rank that is neither a spare nor the store) and
+    spares {rank: step}, checked with the run's sizes, rule, restore mode and store rank;
+    clear errors for anything else."""
     joins = dict(joins or {})
+    if store is not None and not (0 <= store < comm.size and store not in joins
+                                  and store not in (members or [])):
+        raise ValueError(f"store must be a rank in 0..{comm.size - 1} that is neither a member "
+                         f"nor a spare, got {store}")
     if members is None:
-        members = [r for r in range(comm.size) if r not in joins]
+        members = [r for r in range(comm.size) if r not in joins and r != store]
     members = sorted(members)
     if not members or set(members) & set(joins) or not set(members) | set(joins) <= \
             set(range(comm.size)):
@@ -501,11 +568,68 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
+# -- cell 125
+def crash_after(messages, after: int, why: str):
+    """Run the sends of `messages` (a generator) and fail once `after` of them are done — or at
+    its end, if it sends fewer."""
+    for sent, request in enumerate(messages):
+        if sent == after:
+            messages.close()
+            break
+        yield request
+    raise InjectedCrash(why)
+
+
+class CrashingRank(ElasticRank):
+    """An ElasticRank that fails (fail-stop, InjectedCrash) at one point, `crash` = (point,
+    number) as check_crashes describes; the protocol's methods run unchanged inside. The final
+    rendezvous's leader fails before its first message: a rank told "done" leaves, and ending
+    safely after a crash half-way needs a termination protocol this section leaves out."""
+
+    def __init__(self, *args, crash):
+        super().__init__(*args)
+        self.point, self.number = crash
+        self.why = f"rank {self.me} crashed at {self.point} {self.number} (injected)"
+
+    def train_step(self):
+        if (self.point, self.number) == ("step", self.step):
+            raise InjectedCrash(self.why)
+        return (yield from super().train_step())
+
+    def send_gradient(self, leader, samples, vector):
+        messages = super().send_gradient(leader, samples, vector)
+        if (self.point, self.number) == ("reply", self.step):
+            messages = crash_after(messages, 1, self.why)
+        yield from messages
+
+    def send_step(self, workers, total, sizes):
+        messages = super().send_step(workers, total, sizes)
+        if (self.point, self.number) == ("reply", self.step):
+            half = len(workers) // 2 if len(workers) > 1 else len(workers)
+            messages = crash_after(messages, half, self.why)
+        yield from messages
+
+    def send_report(self, leader, reason):
+        messages = super().send_report(leader, reason)
+        if (self.point, self.number) == ("rendezvous", self.epoch + 1):
+            messages = crash_after(messages, 1, self.why)
+        yield from messages
+
+    def announce(self, epoch, decisions):
+        messages = super().announce(epoch, decisions)
+        if (self.point, self.number) == ("rendezvous", epoch):
+            done = bool(decisions) and decisions[0][1][6]
+            half = 0 if done else len(decisions) // 2 if len(decisions) > 1 else len(decisions)
+            messages = crash_after(messages, half, self.why)
+        yield from messages
+
+
 # -- cell 126
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
-                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy"):
+                  detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy",
+                  store=None):
     """Rank program (run with failures="notify"): data-parallel SGD that survives ranks
     leaving and joining. `steps` optimizer steps over a seeded stream of X, y (stream_batch);
     `members` the ranks that start (default: all but the spares), `joins` = {spare rank: step}
@@ -513,17 +637,28 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     lr per membership (scaled); `restore` says what a failure resumes from: "checkpoint" (the
     in-memory checkpoint, taken every `checkpoint_every` steps and at every new membership:
     the steps since are lost) or "replica" (the most advanced surviving replica: only the
-    step in flight is lost). `crashes` = {rank: (point, number)} (check_crashes).
+    step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
-    heartbeat timeout adds to each detected failure. Returns a dict (see ElasticRank.run)."""
+    heartbeat timeout adds to each detected failure. `store`: a rank that runs the membership
+    store (membership_store) instead of training. Returns a dict (see ElasticRank.run)."""
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
-                                      checkpoint_every)
-    rank = ElasticRank(comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule,
-                       restore, checkpoint_every, check_crashes(crashes, comm.size),
-                       seconds_per_sample, detect_seconds, seed, loss)
+                                      checkpoint_every, store)
+    crashes = check_crashes(crashes, comm.size)
+    if store in crashes:
+        raise ValueError(f"crashes: the store (rank {store}) cannot crash: a store that "
+                         f"survives failures is replicated (etcd), which this section leaves out")
+    if comm.rank == store:
+        return (yield from membership_store(comm, members + sorted(joins), members))
+    args = (comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule, restore,
+            checkpoint_every, seconds_per_sample, detect_seconds, seed, loss)
+    rank = CrashingRank(*args, crash=crashes[comm.rank]) if comm.rank in crashes \
+        else ElasticRank(*args)
+    rank.store = store
     if comm.rank not in members and comm.rank not in joins:
         return {"status": "idle", "rank": comm.rank}
     result = yield from rank.run_rank()
+    if store is not None:
+        yield comm.send(store, ("bye",), tag=STORE_TAG)
     return result
 
 
@@ -566,65 +701,109 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
 
 
 # -- cell 152
+import multiprocessing
+import os
+import signal
+import time
+
 HEARTBEAT_TAG = 41
 
 
-def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None):
+def pause(comm, seconds: float):
+    """Let `seconds` pass on any engine: simulated time on the simulator; on the real engines,
+    where compute takes no time, the rest is slept."""
+    start = yield comm.now()
+    yield comm.compute(seconds)
+    left = seconds - ((yield comm.now()) - start)
+    if left > 1e-9:
+        time.sleep(left)
+
+
+def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None,
+                     how: str = "raise"):
     """Rank program: send `monitor` a heartbeat ("beat", fencing token) after each `period`
-    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token); with
-    `crash_at` = k, fail (fail-stop) instead of beat k, the time of failure on the error's
-    `.time`. The token is the epoch the worker was admitted in: 0."""
+    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token). With
+    `crash_at` = k it fails instead of beat k: how="raise" ends it fail-stop (the time on the
+    error's `.time`), how="kill" SIGKILLs its own process (engine="processes" only). The
+    token is the epoch the worker was admitted in: 0."""
     token = 0
     for k, stall in enumerate(stalls):
         if k == crash_at:
-            error = InjectedCrash(f"rank {comm.rank} failed before heartbeat {k}")
-            error.time = yield comm.now()
-            raise error
-        yield comm.compute(period + float(stall))
+            yield from fail_now(comm, how, f"rank {comm.rank} failed before heartbeat {k}")
+        yield from pause(comm, period + float(stall))
         yield comm.send(monitor, ("beat", token), tag=HEARTBEAT_TAG)
     yield comm.send(monitor, ("bye", token), tag=HEARTBEAT_TAG)
     return "finished"
 
 
+def heartbeat_clock(comm, monitor: int, every: float):
+    """Rank program: the monitor's timer. A rank program can only wait for messages, so time
+    passing is a message too: a tick every `every` s, each answered "go on" or "stop"."""
+    while True:
+        yield from pause(comm, every)
+        yield comm.send(monitor, ("tick", 0), tag=HEARTBEAT_TAG)
+        if (yield comm.recv(monitor, tag=HEARTBEAT_TAG)) == "stop":
+            return "stopped"
+
+
+def fail_now(comm, how: str, why: str):
+    """Fail this rank: raise InjectedCrash (its `.time` the failure's), or with how="kill"
+    send its own process SIGKILL — no exception, no goodbye: the pipe just goes silent."""
+    if how == "kill":
+        if multiprocessing.parent_process() is None:
+            raise ValueError("how='kill' needs engine='processes' (it kills the process)")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how != "raise":
+        raise ValueError(f"how must be 'raise' or 'kill', got {how!r}")
+    error = InjectedCrash(why)
+    error.time = yield comm.now()
+    raise error
+
+
 # -- cell 153
-def heartbeat_monitor(comm, workers, timeout: float, check_every: float):
-    """Rank program: the failure detector and membership. One listener activity per worker
-    notes when its heartbeats arrive; every `check_every` s the monitor suspects each member
-    silent for more than `timeout` s and removes it: a new epoch, its token revoked, and
-    whatever it sends later refused (fenced). The engine's failure notice (PeerFailed) only
-    ends a listener. Returns, once every worker has said bye or been suspected,
-    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks}}."""
+def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
+    """Rank program: the failure detector and membership. It takes the next message from
+    anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
+    suspects each member silent for more than `timeout` s and removes it — a new epoch, its
+    token revoked, whatever it sends later refused (fenced). The engine's failure notice
+    (PeerFailed) only says a worker will send nothing more; it never decides a suspicion.
+    With `store` (a membership_store's rank), each suspicion goes to the store, which decides
+    the new membership's generation by compare-and-set.
+    Returns, once every worker has said bye or been suspected, and has gone quiet,
+    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks},
+    "last": {rank: when last heard}} (times from comm.now())."""
     last = dict.fromkeys(workers, 0.0)
-    revoked, suspected, fenced, finished = set(), {}, [], set()
-
-    def listen(worker):
-        while True:
-            try:
-                kind, token = yield comm.recv(worker, tag=HEARTBEAT_TAG)
-            except PeerFailed:
-                return                             # silence from now on
-            now = yield comm.now()
-            if (worker, token) in revoked:
-                fenced.append((now, worker))       # a revoked token: refused
-            else:
-                last[worker] = now
-                if kind == "bye":
-                    finished.add(worker)
-            if kind == "bye":
-                return
-
-    listeners = []
-    for worker in workers:
-        listeners.append((yield comm.spawn(listen(worker))))
+    revoked, suspected, fenced, finished, quiet = set(), {}, [], set(), set()
     epoch = 0
-    while any(w not in finished and w not in suspected for w in workers):
-        yield comm.compute(check_every)
+    while any((w not in finished and w not in suspected) or w not in quiet for w in workers):
+        try:
+            src, (kind, token) = yield comm.recv_any(HEARTBEAT_TAG)
+        except PeerFailed as failure:
+            quiet.add(failure.rank)                # silence from now on
+            continue
         now = yield comm.now()
-        for worker in workers:
-            if worker not in finished and worker not in suspected \
-                    and now - last[worker] > timeout:
-                suspected[worker], epoch = now, epoch + 1
-                revoked.add((worker, 0))
-    for listener in listeners:
-        yield comm.join(listener)
-    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished}
+        if src == clock:
+            for worker in workers:
+                if worker not in finished and worker not in suspected \
+                        and now - last[worker] > timeout:
+                    suspected[worker] = now
+                    revoked.add((worker, 0))
+                    alive = [w for w in workers if w not in suspected]
+                    epoch = epoch + 1 if store is None else \
+                        (yield from propose(comm, store, alive, epoch))
+            yield comm.send(clock, "go on", tag=HEARTBEAT_TAG)
+            continue
+        if (src, token) in revoked:
+            fenced.append((now, src))              # a revoked token: refused
+        else:
+            last[src] = now
+            if kind == "bye":
+                finished.add(src)
+        if kind == "bye":
+            quiet.add(src)
+    yield comm.recv(clock, tag=HEARTBEAT_TAG)      # the clock's next tick: tell it to stop
+    yield comm.send(clock, "stop", tag=HEARTBEAT_TAG)
+    if store is not None:
+        yield comm.send(store, ("bye",), tag=STORE_TAG)
+    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished,
+            "last": last}

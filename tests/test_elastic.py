@@ -20,6 +20,7 @@ stated rule, the data cursor as the running sum of the global batches. Against i
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -393,19 +394,32 @@ def test_replay_is_the_serial_reference():
 
 # --- failure detectors that can be wrong ----------------------------------------------------------
 
-from dsml.elastic import heartbeat_monitor, heartbeat_worker   # noqa: E402
+from dsml.elastic import (heartbeat_clock, heartbeat_monitor, heartbeat_worker,  # noqa: E402
+                          membership_store)
 
 
-def detector_run(timeout, stalls, crashes=None, period=0.01, check_every=0.001):
-    crashes = crashes or {}
+def detector_program(comm, timeout, stalls, crashes, period, check_every, how="raise",
+                     store=None):
+    """Rank 0 monitors, the last rank (or the one before the store) is its clock, ranks 1..
+    are workers."""
+    clock = comm.size - 1 if store is None else comm.size - 2
+    if comm.rank == store:
+        return (yield from membership_store(comm, [0], list(range(1, clock))))
+    if comm.rank == 0:
+        return (yield from heartbeat_monitor(comm, list(range(1, clock)), clock, timeout,
+                                             store))
+    if comm.rank == clock:
+        return (yield from heartbeat_clock(comm, 0, check_every))
+    return (yield from heartbeat_worker(comm, 0, period, stalls[comm.rank - 1],
+                                        crashes.get(comm.rank), how))
 
-    def program(comm):
-        if comm.rank == 0:
-            return (yield from heartbeat_monitor(comm, list(range(1, comm.size)), timeout,
-                                                 check_every))
-        return (yield from heartbeat_worker(comm, 0, period, stalls[comm.rank - 1],
-                                            crashes.get(comm.rank)))
-    return run(program, len(stalls) + 1, network=AlphaBeta(5e-6, 1e-9), failures="notify")
+
+def detector_run(suspect_after, stalls, crashes=None, period=0.01, check_every=0.001,
+                 how="raise", **options):
+    if options.get("engine", "sim") == "sim":
+        options.setdefault("network", AlphaBeta(5e-6, 1e-9))
+    return run(detector_program, len(stalls) + 2, failures="notify",
+               args=(suspect_after, stalls, crashes or {}, period, check_every, how), **options)
 
 
 def test_without_stalls_or_failures_nobody_is_suspected():
@@ -438,3 +452,148 @@ def test_a_stalled_worker_is_falsely_suspected_and_then_fenced():
     assert monitor["finished"] == {2, 3}     # a fenced bye does not count as a member's
     # a timeout longer than the stall suspects nobody
     assert detector_run(0.07, stalls).values[0]["suspected"] == {}
+
+
+# --- the same detector on real threads and processes: wall-clock periods ------------------------
+# Outcomes only (who is suspected, who fenced): never timing, the machine may be loaded. A
+# stall or a failure lasts far longer than the timeout, so a busy machine cannot hide it.
+
+WALL_PERIOD, WALL_TIMEOUT, WALL_CHECK = 0.02, 0.1, 0.005
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_wall_clock_detector_suspects_a_stall_and_fences_it(engine):
+    stalls = np.zeros((3, 12))
+    stalls[0, 4] = 1.0                       # worker 1 sleeps 1 s (10 timeouts) before beat 4
+    result = detector_run(WALL_TIMEOUT, stalls, period=WALL_PERIOD, check_every=WALL_CHECK,
+                          engine=engine, timeout=60)
+    monitor = result.values[0]
+    assert 1 in monitor["suspected"] and not result.failed
+    assert 1 not in monitor["finished"]      # its bye came after the suspicion: refused
+    fenced = [rank for _, rank in monitor["fenced"] if rank == 1]
+    assert len(fenced) >= 2                  # at least its beat after the stall and its bye
+    assert result.values[-1] == "stopped"    # the clock was told to stop
+
+
+@pytest.mark.parametrize("engine, how", [("threads", "raise"), ("processes", "raise"),
+                                         ("processes", "kill")])
+def test_wall_clock_detector_detects_a_failed_rank(engine, how):
+    result = detector_run(WALL_TIMEOUT, np.zeros((3, 15)), crashes={2: 5}, period=WALL_PERIOD,
+                          check_every=WALL_CHECK, engine=engine, timeout=60, how=how)
+    monitor = result.values[0]
+    assert sorted(result.failed) == [2] and 2 in monitor["suspected"]
+    # not before the timeout: suspected only after a timeout's silence since its last beat
+    assert monitor["suspected"][2] - monitor["last"][2] > WALL_TIMEOUT
+
+
+def test_kill_is_refused_outside_the_processes_engine():
+    result = detector_run(WALL_TIMEOUT, np.zeros((1, 3)), crashes={1: 1}, how="kill")
+    assert "how='kill' needs engine='processes'" in str(result.failed[1])
+    result = detector_run(WALL_TIMEOUT, np.zeros((1, 3)), crashes={1: 1}, how="later")
+    assert "how must be 'raise' or 'kill', got 'later'" in str(result.failed[1])
+
+
+# --- the membership store --------------------------------------------------------------------
+# With store=rank, the store's compare-and-set decides every membership and its generation.
+# The trajectory must be the one the leader-only protocol commits; only generations may differ
+# (a refused proposal moves them on).
+
+def without_epochs(history):
+    return [{k: v for k, v in h.items() if k != "epoch"} for h in history]
+
+
+def meetings(outcome):
+    return [(r["members"], r["leader"], r["resume_step"]) for r in outcome["rendezvous"]]
+
+
+@pytest.mark.parametrize("world, kwargs", [
+    (4, dict(crashes={1: ("step", 3), 3: ("rendezvous", 1)})),
+    (5, dict(crashes={1: ("step", 3), 0: ("rendezvous", 1)})),
+    (5, dict(crashes={0: ("reply", 5), 3: ("rendezvous", 1)}, restore="replica")),
+    (4, dict(joins={3: 6}, crashes={0: ("step", 2)})),
+])
+def test_the_store_decides_generations_and_the_trajectory_is_unchanged(world, kwargs):
+    plain = elastic_outcome(elastic(world, **kwargs))
+    stored_run = elastic(world + 1, store=world, **kwargs)
+    stored = check_run(stored_run)
+    store = stored_run.values[world]
+    assert stored["history"] == plain["history"] and meetings(stored) == meetings(plain)
+    for name in plain["params"]:
+        assert np.array_equal(stored["params"][name], plain["params"][name])
+    # every membership the ranks acted on was taken by the store under its generation
+    taken = {(generation, tuple(members)) for generation, members, _ in store["log"]}
+    assert all((r["epoch"], tuple(r["members"])) in taken for r in stored["rendezvous"])
+    final = stored["rendezvous"][-1]
+    assert (store["generation"], store["members"]) == (final["epoch"], final["members"])
+    assert store["refused"] == []
+
+
+def test_a_proposal_on_a_stale_generation_is_refused():
+    """Rank 0 leads the final rendezvous: the store takes generation 1 from it, and it dies
+    before telling anyone. Rank 1, which saw only generation 0, proposes on top of 0 and is
+    refused; it proposes again on top of 1. The leader-only protocol would reuse number 1."""
+    kwargs = dict(crashes={0: ("rendezvous", 1)})
+    stored_run = elastic(4, store=3, **kwargs)
+    stored = check_run(stored_run)
+    store = stored_run.values[3]
+    assert store["refused"] == [(1, 0, 1)]
+    assert [(g, m, by) for g, m, by in store["log"]][:3] == [
+        (0, [0, 1, 2], None), (1, [0, 1, 2], 0), (2, [1, 2], 1)]
+    plain = elastic_outcome(elastic(3, **kwargs))
+    assert [r["epoch"] for r in plain["rendezvous"]][:1] == [1]
+    assert stored["rendezvous"][0]["epoch"] == 2
+    assert without_epochs(stored["history"]) == without_epochs(plain["history"])
+    assert meetings(stored) == meetings(plain)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(store=1, members=[0, 1, 2]), "store must be a rank in 0..3 that is neither a member"),
+    (dict(store=3, joins={3: 2}), "store must be a rank in 0..3"),
+    (dict(store=7), "store must be a rank in 0..3"),
+    (dict(store=3, crashes={3: ("step", 1)}), "the store \\(rank 3\\) cannot crash"),
+])
+def test_bad_store_arguments(kwargs, message):
+    result = elastic(4, **kwargs)
+    assert sorted(result.failed) == [0, 1, 2, 3]
+    for error in result.failed.values():
+        assert re.search(message, str(error)), error
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_with_a_store_any_crash_gives_the_same_trajectory(seed):
+    rng = np.random.default_rng(seed)
+    world, spares = int(rng.integers(2, 6)), int(rng.integers(0, 3))
+    victims = rng.choice(world + spares, size=int(rng.integers(1, world + spares + 1)),
+                         replace=False)
+    crashes = {int(rank): (["step", "reply", "rendezvous"][rng.integers(3)],
+                           int(rng.integers(1, 5))) for rank in victims}
+    joins = {world + k: int(rng.integers(0, 12)) for k in range(spares)}
+    options = dict(joins=joins, crashes=crashes, restore=["checkpoint", "replica"][seed % 2],
+                   checkpoint_every=3)
+    plain, stored = elastic(world + spares, **options), elastic(world + spares + 1,
+                                                                store=world + spares, **options)
+    try:
+        expected = elastic_outcome(plain)
+    except TrainingLost:
+        with pytest.raises(TrainingLost):
+            elastic_outcome(stored)
+        return
+    outcome = elastic_outcome(stored)
+    assert without_epochs(outcome["history"]) == without_epochs(expected["history"])
+    assert outcome["ranks"] == expected["ranks"] and meetings(outcome) == meetings(expected)
+    generations = [r["epoch"] for r in outcome["rendezvous"]]
+    assert generations == sorted(set(generations))       # rising, never reused
+
+
+def test_the_detectors_suspicions_go_to_the_store():
+    """Worker 1 stalls and worker 3 fails: each suspicion is a proposal the store takes under
+    the next generation; the monitor's epoch is the store's."""
+    stalls = np.zeros((3, 20))
+    stalls[0, 5] = 0.05
+    result = run(detector_program, 3 + 3, network=AlphaBeta(5e-6, 1e-9), failures="notify",
+                 args=(0.03, stalls, {3: 12}, 0.01, 0.001, "raise", 5))
+    monitor, store = result.values[0], result.values[5]
+    assert set(monitor["suspected"]) == {1, 3} and sorted(result.failed) == [3]
+    assert [(g, m) for g, m, _ in store["log"]] == [(0, [1, 2, 3]), (1, [2, 3]), (2, [2])]
+    assert monitor["epoch"] == store["generation"] == 2 and store["refused"] == []
