@@ -4,7 +4,10 @@ Four implementations of the same operation — the sum of a float32 vector over 
 this machine — timed the same way:
 
 - **dsml**: `dsml.run(program, p, engine="processes")`, where the program runs
-  `dsml.collectives.allreduce(comm, x, algorithm="ring")`, timed with `comm.now()`.
+  `dsml.collectives.allreduce(comm, x, algorithm="ring")`, timed with `comm.now()`
+  (`--dsml-algorithm` times another of our algorithms in this column, e.g. recursive doubling,
+  which MPICH uses for short vectors and which week 2's section 18 measures to be the fastest
+  of ours here well past 4 KiB; the table's title names the algorithm).
 - **MPI**: mpi4py's `comm.Allreduce` (MPICH from the `mpich` wheel), launched as
   `mpiexec -n p python allreduce_real_engines.py --mpi-worker ...`, timed with `MPI.Wtime`.
 - **gloo**: `torch.distributed.all_reduce` on a CPU tensor, backend "gloo", p processes
@@ -102,9 +105,10 @@ def dsml_program(comm, sizes, quick, algorithm="ring"):
                                        QUICK_BUDGET if quick else BUDGET, 20 if quick else 200))
 
 
-def run_dsml(p, sizes, quick):
+def run_dsml(p, sizes, quick, algorithm="ring"):
     import dsml
-    result = dsml.run(dsml_program, p, engine="processes", args=(sizes, quick), trace=False,
+    result = dsml.run(dsml_program, p, engine="processes", args=(sizes, quick, algorithm),
+                      trace=False,
                       timeout=1800)
     return slowest_rank(result.values)
 
@@ -402,8 +406,10 @@ def busbw(nbytes, p, seconds) -> float:
     return busbw_factor("allreduce", p) * nbytes / seconds / 1e9
 
 
-def print_table(p, sizes, medians, engines, repeats):
-    print(f"\n# ring all-reduce, float32 sum, {p} processes, median of {repeats} repeats; "
+def print_table(p, sizes, medians, engines, repeats, dsml_algorithm="ring"):
+    name = "ring" if dsml_algorithm == "ring" else \
+        f"dsml {dsml_algorithm}, plain and gloo ring, MPI its own choice:"
+    print(f"\n# {name} all-reduce, float32 sum, {p} processes, median of {repeats} repeats; "
           f"time per all-reduce (slowest rank), busbw = 2(p-1)/p * size / time")
     # dsml against each of the others: busbw ratio, > 1 when dsml is faster
     others = [e for e in engines if e != "dsml"] if "dsml" in engines else []
@@ -464,6 +470,8 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
                         help="dsml-mpi: the all-reduce algorithms to time (default all; the "
                              "ring is always timed, for the first table)")
+    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS,
+                        help="the algorithm of the dsml column (default ring; MPI picks its own)")
     parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
     # worker modes (started by this script)
     parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -507,7 +515,7 @@ def main(argv=None) -> int:
         if e in missing:
             print(f"# {e}: skipped, {missing[e]}")
     engines = [e for e in engines if e not in missing]
-    runners = {"dsml": run_dsml, "mpi": run_mpi, "gloo": run_gloo, "plain": run_plain,
+    runners = {"dsml": lambda p, sizes, quick: run_dsml(p, sizes, quick, args.dsml_algorithm), "mpi": run_mpi, "gloo": run_gloo, "plain": run_plain,
                "dsml-mpi": lambda p, sizes, quick: run_dsml_mpi(p, sizes, quick, algorithms)}
     print(f"# sizes {format_bytes(sizes[0])} … {format_bytes(sizes[-1])}, world sizes {world_sizes}, "
           f"{repeats} repeats, engines alternating: {', '.join(engines)}")
@@ -530,7 +538,7 @@ def main(argv=None) -> int:
                             for a in algorithms}
         medians = {e: by_algorithm["ring"] if e == "dsml-mpi" else median_times(raw[p][e])
                    for e in engines}
-        print_table(p, sizes, medians, engines, repeats)
+        print_table(p, sizes, medians, engines, repeats, args.dsml_algorithm)
         if by_algorithm:
             print_algorithms_table(p, sizes, by_algorithm, medians.get("mpi"), repeats)
     if args.raw:

@@ -44,3 +44,23 @@ def test_a_wrong_sum_is_reported_not_hung(bench, monkeypatch):
     with pytest.raises(RuntimeError, match="plain ring failed: rank .*wrong sum"):
         bench.run_plain(2, [4096], quick=True, timeout=120)
     assert our_segments() <= before
+
+
+def test_the_dsml_column_times_the_algorithm_asked_for(bench, monkeypatch):
+    import dsml
+    seen = []
+
+    class Result:
+        values = [[1e-6], [2e-6]]
+
+    monkeypatch.setattr(dsml, "run", lambda program, p, **kw: seen.append(kw["args"]) or Result)
+    assert bench.run_dsml(2, [4096], quick=True, algorithm="recursive_doubling") == [2e-6]
+    assert seen == [([4096], True, "recursive_doubling")]
+    with pytest.raises(SystemExit):                       # argparse: not one of the choices
+        bench.main(["--dsml-algorithm", "fastest", "--engines", "plain"])
+
+
+def test_recursive_doubling_in_the_dsml_column_sums_right(bench):
+    # timed_allreduce checks every rank's sum and raises on a wrong one
+    times = bench.run_dsml(2, [8, 4096], quick=True, algorithm="recursive_doubling")
+    assert len(times) == 2 and all(t > 0 for t in times)
