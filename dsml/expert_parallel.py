@@ -342,6 +342,7 @@ from dsml.memory import (A100_HBM_BANDWIDTH, ACTIVATION_BYTES, BACKWARD_TRAFFIC,
                          forward_flops_per_sequence, matmul_seconds, memory_per_rank,
                          params_per_rank, stage_microbatch_seconds, zero_model_state_bytes,
                          _data_parallel_seconds)
+from dsml.context_parallel import ring_attention_kv_bytes
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -373,17 +374,6 @@ class ParallelLayout:
         extras += ["SP"] if b.sequence_parallel and b.tp > 1 else []
         return (f"dp{b.dp}·tp{b.tp}·pp{b.pp}·cp{self.cp}·ep{self.ep} ZeRO-{b.zero} "
                 f"b{b.micro_batch}" + "".join(f", {extra}" for extra in extras))
-
-
-def ring_attention_kv_bytes(seq_len: int, kv_dim: int, cp: int, micro_batch: int = 1,
-                            itemsize: int = ACTIVATION_BYTES, tp: int = 1) -> float:
-    """Bytes one rank sends per layer in ring attention's forward (Liu et al. 2023): its K and
-    V blocks, (s/cp)·h_kv each per sequence, h_kv = kv_dim = kv_heads·head_dim the width of
-    the key (and value) projection (h without grouped-query attention; h_kv/tp with tensor
-    parallelism), passed cp − 1 times round the ring: 2·(cp − 1)·(s/cp)·h_kv·itemsize·b/tp.
-    A closed form for the layout model (the ring itself is built elsewhere:
-    dsml.context_parallel, whose notebook checks this form against its trace)."""
-    return 2 * (cp - 1) * (seq_len / cp) * kv_dim * itemsize * micro_batch / tp
 
 
 def moe_alltoall_bytes(config: TransformerConfig, moe: MoE, micro_batch: int, cp: int,
@@ -505,8 +495,9 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
     cp  a chunk's queries meet all s keys: the base charges the attention core for s/cp keys,
         so cp − 1 more key blocks' worth is added (`attention_core_seconds`, forward, backward
         and recomputation as week 5 charges them); ring attention's cp − 1 K/V hops per
-        layer, each overlapped with one block's attention (only the excess shows), twice the
-        bytes and the compute in the backward;
+        layer, each overlapped with one block's attention (only the excess shows: 5b's
+        criterion, with the block costed week 5's way), twice the bytes and the compute in
+        the backward;
     ep  four all-to-alls per MoE layer per micro-batch (dispatch and combine, forward and
         backward; six with full recomputation), not overlapped; the data-parallel traffic
         (`expert_data_seconds`, week 5's rule) replaces the base's, which moved k experts

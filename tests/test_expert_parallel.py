@@ -280,3 +280,13 @@ def test_the_notebooks_quick_search_picks_what_the_full_search_picks():
 def test_moe_forward_names_a_wrong_input_shape():
     with pytest.raises(ValueError, match=r"x must be \(tokens, hidden=6\), got shape \(3, 5\)"):
         moe_forward(perturbed(), np.zeros((3, 5)))
+
+
+def test_the_ring_criterion_costs_the_block_above_5bs_peak_rate_block():
+    # 5b's simulator runs a block's attention at the peak FLOP rate (4c²h FLOPs); 5c costs it
+    # week 5's way, so it is never shorter and a hop hides behind it at a shorter block
+    from dsml.expert_parallel import HARDWARE, attention_core_seconds
+    config = preset("llama2-7b")
+    for block in (1024, 4096, 16384):
+        products, traffic = attention_core_seconds(config, 1, 1, block, block, HARDWARE)
+        assert products + traffic > 4 * block ** 2 * config.hidden / HARDWARE["device_flops"]
