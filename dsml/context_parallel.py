@@ -8,6 +8,7 @@ import numbers
 import numpy as np
 
 from dsml.comm import SizeOnly
+from dsml.memory import ACTIVATION_BYTES
 
 
 def check_split(seq: int, cp: int, parts_per_rank: int = 1) -> None:
@@ -222,3 +223,16 @@ def ring_attention_timing(comm, layout, rows: int, d: int, itemsize: int, causal
             yield from spend(comm, FORWARD_FLOPS_PER_PAIR * d * pairs * rows, flop_rate)
         if step < cp - 1:
             yield comm.join(transfer)
+
+
+# -- cell 20
+def ring_attention_kv_bytes(seq: int, kv_dim: int, cp: int, micro_batch: int = 1,
+                            itemsize: int = ACTIVATION_BYTES, tp: int = 1) -> float:
+    """Bytes one rank sends per layer in ring attention's forward (Liu et al. 2023): its K and
+    V blocks, (s/cp)·h_kv each per sequence, passed cp − 1 times round the ring:
+    2·(cp − 1)·(s/cp)·h_kv·itemsize·b/tp. h_kv = kv_dim = kv_heads·head_dim is the width of the
+    key (and value) projection: h without grouped-query attention, h_kv/tp per rank with
+    tensor parallelism. Checked against the ring's trace in this notebook; week 5c's layout
+    search uses it."""
+    check_split(seq, cp)
+    return 2 * (cp - 1) * (seq / cp) * kv_dim * itemsize * micro_batch / tp

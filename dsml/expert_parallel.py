@@ -340,7 +340,9 @@ def alltoall_lower_bound(ranks: int, block_bytes: float, host_bandwidth: float,
 from dsml.memory import (A100_HBM_BANDWIDTH, ACTIVATION_BYTES, BACKWARD_TRAFFIC, GEMM_EFFICIENCY,
                          MASK_BYTES, PRECISIONS, Layout, StepEstimate, estimate_step,
                          forward_flops_per_sequence, matmul_seconds, memory_per_rank,
-                         ring_seconds, zero_model_state_bytes)
+                         params_per_rank, stage_microbatch_seconds, zero_model_state_bytes,
+                         _data_parallel_seconds)
+from dsml.context_parallel import ring_attention_kv_bytes
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -372,17 +374,6 @@ class ParallelLayout:
         extras += ["SP"] if b.sequence_parallel and b.tp > 1 else []
         return (f"dp{b.dp}·tp{b.tp}·pp{b.pp}·cp{self.cp}·ep{self.ep} ZeRO-{b.zero} "
                 f"b{b.micro_batch}" + "".join(f", {extra}" for extra in extras))
-
-
-def ring_attention_kv_bytes(seq_len: int, kv_dim: int, cp: int, micro_batch: int = 1,
-                            itemsize: int = ACTIVATION_BYTES, tp: int = 1) -> float:
-    """Bytes one rank sends per layer in ring attention's forward (Liu et al. 2023): its K and
-    V blocks, (s/cp)·h_kv each per sequence, h_kv = kv_dim = kv_heads·head_dim the width of
-    the key (and value) projection (h without grouped-query attention; h_kv/tp with tensor
-    parallelism), passed cp − 1 times round the ring: 2·(cp − 1)·(s/cp)·h_kv·itemsize·b/tp.
-    A closed form for the layout model (the ring itself is built elsewhere:
-    dsml.context_parallel, whose notebook checks this form against its trace)."""
-    return 2 * (cp - 1) * (seq_len / cp) * kv_dim * itemsize * micro_batch / tp
 
 
 def moe_alltoall_bytes(config: TransformerConfig, moe: MoE, micro_batch: int, cp: int,
@@ -461,14 +452,39 @@ class ParallelEstimate:
     """Seconds of one step and its parts beyond week 5's: `base` is estimate_step on the inner
     problem; `attention` the attention work cp adds back (a chunk's queries meet all s keys);
     `ring` the K/V transfers not hidden behind attention; `alltoall` the MoE all-to-alls;
-    `expert_grads` the expert gradients' all-reduce over their own data-parallel group."""
+    `data` the data-parallel traffic, replacing the base's (`expert_data_seconds`), of which
+    `expert_data` is the experts' share, over their own data-parallel group."""
     seconds: float
     base: StepEstimate
     attention: float
     ring: float
     alltoall: float
-    expert_grads: float
+    data: float
+    expert_data: float
     mfu: float
+
+
+def expert_data_seconds(config: TransformerConfig, layout: ParallelLayout, moe: MoE,
+                        hw: dict) -> tuple[float, float]:
+    """(dense, experts): exposed seconds of a MoE layout's data-parallel traffic by week 5's
+    own rule (`_data_parallel_seconds`: its overlap with the backward, its collective for each
+    ZeRO stage), applied twice: to the dense weights (the inner problem's Ψ less its k
+    experts) over all dp·cp ranks, and to the E/ep experts a rank holds over the dp·cp/ep
+    ranks that hold the same ones, on the link their span needs (stride t·ep, span t·dp·cp).
+    Each group hides behind the whole backward as if alone; in truth the two share it and the
+    link, so this is optimistic when both are large."""
+    inner, base = inner_problem(config, layout, moe)
+    t, p = base.tp, base.pp
+    stages = [stage_microbatch_seconds(inner, base, stage, hw) for stage in {0, p - 1}]
+    slowest = max(stages, key=lambda parts: sum(parts.values()))
+    expert = config.layers // p * expert_mlp_params(config) // t
+    psi = max(params_per_rank(inner, t, p, 0), params_per_rank(inner, t, p, p - 1))
+    dense = _data_parallel_seconds(inner, base, slowest, hw, psi=psi - moe.k * expert)
+    alpha, bandwidth = _link(t * base.dp, hw)
+    span = {**hw, "intra_node_alpha": alpha, "intra_node_bandwidth": bandwidth}
+    experts = _data_parallel_seconds(inner, replace(base, dp=base.dp // layout.ep), slowest,
+                                     span, psi=expert * (moe.experts // layout.ep))
+    return dense, experts
 
 
 # -- cell 38
@@ -479,11 +495,14 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
     cp  a chunk's queries meet all s keys: the base charges the attention core for s/cp keys,
         so cp − 1 more key blocks' worth is added (`attention_core_seconds`, forward, backward
         and recomputation as week 5 charges them); ring attention's cp − 1 K/V hops per
-        layer, each overlapped with one block's attention (only the excess shows), twice the
-        bytes and the compute in the backward;
+        layer, each overlapped with one block's attention (only the excess shows: 5b's
+        criterion, with the block costed week 5's way), twice the bytes and the compute in
+        the backward;
     ep  four all-to-alls per MoE layer per micro-batch (dispatch and combine, forward and
-        backward; six with full recomputation), not overlapped; the expert gradients
-        all-reduced over the dp·cp/ep ranks sharing those experts, not overlapped.
+        backward; six with full recomputation), not overlapped; the data-parallel traffic
+        (`expert_data_seconds`, week 5's rule) replaces the base's, which moved k experts
+        over all dp·cp ranks. The experts compute the k·T real assignments, but the
+        all-to-all moves the c·k·T padded slots (the padding's compute is left out).
     Left out: the router, the token buffers' memory, uneven expert loads; the all-to-all
     costs (ep − 1)·α + bytes/bandwidth (full bisection)."""
     hw = {**HARDWARE, **hardware}
@@ -502,20 +521,18 @@ def estimate_parallel_step(config: TransformerConfig, layout: ParallelLayout,
     exposed = max(hop - block, 0) + max(2 * hop - 2 * block, 0)
     exposed += max(hop - block, 0) * (base.recompute != "none")
     ring = repeat * layers * (cp - 1) * exposed
-    alltoall = expert_grads = 0.0
+    alltoall, data, expert_data = 0.0, step.data_comm_seconds, 0.0
     if moe is not None and ep > 1:
         alpha, bandwidth = _link(t * ep, hw)
         one = (ep - 1) * alpha + moe_alltoall_bytes(config, moe, b, cp, ep, t) / bandwidth
         alltoall = repeat * layers * (6 if base.recompute == "full" else 4) * one
-    group = base.dp // ep
-    if moe is not None and group > 1:
-        grads = layers * (moe.experts // ep) * expert_mlp_params(config) / t
-        nbytes = grads * PRECISIONS[base.precision].grads
-        expert_grads = ring_seconds("allreduce", nbytes, group, *_link(t * base.dp, hw))
-    seconds = step.seconds + attention + ring + alltoall + expert_grads
+    if moe is not None:
+        dense, expert_data = expert_data_seconds(config, layout, moe, hw)
+        data = dense + expert_data
+    seconds = step.seconds - step.data_comm_seconds + data + attention + ring + alltoall
     active = replace(config, ffn_hidden=config.ffn_hidden * (moe.k if moe else 1))
     flops = 3 * forward_flops_per_sequence(active) * layout.base.global_batch
-    return ParallelEstimate(seconds, step, attention, ring, alltoall, expert_grads,
+    return ParallelEstimate(seconds, step, attention, ring, alltoall, data, expert_data,
                             flops / (layout.devices * hw["device_flops"] * seconds))
 
 

@@ -921,15 +921,17 @@ class StepEstimate:
     optimizer_seconds: float = 0.0
 
 
-def _data_parallel_seconds(config, layout, slowest, hw) -> float:
-    """Exposed seconds of the data-parallel traffic (see `estimate_step`)."""
+def _data_parallel_seconds(config, layout, slowest, hw, psi=None) -> float:
+    """Exposed seconds of the data-parallel traffic (see `estimate_step`) of psi parameters per
+    rank (default: the larger of the first and last stages' `params_per_rank`)."""
     d, t, p, m = layout.dp, layout.tp, layout.pp, layout.microbatches
     if d == 1:
         return 0.0
     intra = t * d <= hw["devices_per_node"]
     link = ((hw["intra_node_alpha"], hw["intra_node_bandwidth"]) if intra
             else (hw["inter_node_alpha"], hw["inter_node_bandwidth"]))
-    psi = max(params_per_rank(config, t, p, 0), params_per_rank(config, t, p, p - 1))
+    if psi is None:
+        psi = max(params_per_rank(config, t, p, 0), params_per_rank(config, t, p, p - 1))
     per = PRECISIONS[layout.precision]
     grads, weights = per.grads * psi, per.params * psi
     bucket = min(float(DDP_BUCKET_BYTES), grads)

@@ -10,7 +10,7 @@ import pytest
 
 import dsml
 from dsml.context_parallel import (contiguous_layout, gather_sequence, ring_attention_forward,
-                                   ring_attention_step, ring_attention_timing, striped_layout,
+                                   ring_attention_kv_bytes, ring_attention_step, ring_attention_timing, striped_layout,
                                    visible_pairs, zigzag_layout)
 from dsml.net import AlphaBeta
 from dsml.tensor_parallel import bytes_sent
@@ -116,7 +116,8 @@ def test_causal_contiguous_is_unbalanced_and_zigzag_is_balanced():
 @pytest.mark.parametrize("make, seq, cp, words", [
     (contiguous_layout, 10, 3, "multiple of 3"), (zigzag_layout, 12, 4, "multiple of 8"),
     (striped_layout, 8, 0, "cp must be an integer ≥ 1"), (zigzag_layout, 2.5, 1, "seq must be"),
-    (contiguous_layout, 8, True, "cp must be")])
+    (contiguous_layout, 8, True, "cp must be"),
+    (lambda seq, cp: ring_attention_kv_bytes(seq, 64, cp), 10, 4, "multiple of 4")])
 def test_bad_splits_are_refused(make, seq, cp, words):
     with pytest.raises(ValueError, match=words):
         make(seq, cp)

@@ -19,6 +19,7 @@ from dsml.expert_parallel import (MoE, ParallelLayout, alltoall_bytes_per_rank,
                                   simulated_alltoall, softmax)
 from dsml.memory import Layout, TransformerConfig, estimate_step, memory_per_rank, preset
 from dsml.net import AlphaBeta
+from dsml.net.presets import LINKS
 from dsml.net.topology import fat_tree
 
 SEED = 11
@@ -194,6 +195,26 @@ def test_cp_and_ep_terms():
     assert with_cp.attention > 0
 
 
+
+def test_expert_data_traffic_is_week5s_rule_without_the_double_count():
+    # E = k experts held by every rank (ep = 1) are exactly the base's k-wide MLP: split into
+    # a dense and an expert part, week 5's exposed all-reduce of pp > 1 comes back, plus the
+    # second collective's latency 2(d − 1)α (all eight ranks inside one node)
+    config = preset("llama2-7b")
+    base = Layout(dp=8, tp=1, pp=2, zero=1, micro_batch=1, microbatches=4, recompute="selective")
+    step = estimate_parallel_step(config, ParallelLayout(base), MoE(2, 2))
+    assert step.expert_data > 0
+    assert math.isclose(step.data, step.base.data_comm_seconds + 2 * 7 * LINKS["nvlink3"].alpha,
+                        rel_tol=1e-9)
+    assert math.isclose(step.seconds - step.data, step.base.seconds - step.base.data_comm_seconds,
+                        rel_tol=1e-12)
+    # ZeRO-3 gathers the weights of all E/ep experts a rank holds, not k of them
+    zero3 = Layout(dp=8, tp=1, pp=1, zero=3, micro_batch=1, microbatches=2, recompute="selective")
+    few, many = (estimate_parallel_step(config, ParallelLayout(zero3), MoE(experts, 2)).expert_data
+                 for experts in (2, 8))
+    split = estimate_parallel_step(config, ParallelLayout(zero3, 1, 4), MoE(8, 2)).expert_data
+    assert many > 3 * few and split < many / 3
+
 def test_the_ring_carries_the_key_value_width_not_the_hidden_width():
     # cp = 16 leaves the node, so the ring's hops show; grouped-query attention with 8 of 32
     # key/value heads sends a quarter of the bytes, so far less of the ring is exposed
@@ -246,7 +267,7 @@ def test_the_notebooks_quick_search_picks_what_the_full_search_picks():
     dense = replace(preset("llama2-7b"), seq_len=32768)
     rules = [lambda l: True, lambda l: l.cp == 1, lambda l: l.cp == 1 and l.ep == 1]
     for config, moe, batch in [(dense, None, 64), (mixtral, MoE(8, 2), 256)]:
-        quick = search_parallel_layouts(config, 64, batch, 80e9, moe, micro_batches=(1, 2),
+        quick = search_parallel_layouts(config, 64, batch, 80e9, moe, micro_batches=(1, 2, 4),
                                         recompute=("selective",))
         full = search_parallel_layouts(config, 64, batch, 80e9, moe, micro_batches=(1, 2, 4),
                                        recompute=("selective", "full"))
@@ -259,3 +280,13 @@ def test_the_notebooks_quick_search_picks_what_the_full_search_picks():
 def test_moe_forward_names_a_wrong_input_shape():
     with pytest.raises(ValueError, match=r"x must be \(tokens, hidden=6\), got shape \(3, 5\)"):
         moe_forward(perturbed(), np.zeros((3, 5)))
+
+
+def test_the_ring_criterion_costs_the_block_above_5bs_peak_rate_block():
+    # 5b's simulator runs a block's attention at the peak FLOP rate (4c²h FLOPs); 5c costs it
+    # week 5's way, so it is never shorter and a hop hides behind it at a shorter block
+    from dsml.expert_parallel import HARDWARE, attention_core_seconds
+    config = preset("llama2-7b")
+    for block in (1024, 4096, 16384):
+        products, traffic = attention_core_seconds(config, 1, 1, block, block, HARDWARE)
+        assert products + traffic > 4 * block ** 2 * config.hidden / HARDWARE["device_flops"]
