@@ -8,7 +8,7 @@ from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_bl
 from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
 from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, empty_block, expect_block, expect_like, flat, is_power_of_two, length, mismatch_in, restore, split
 from dsml.collectives.reduce import reduce_binomial, reduce_naive
-from dsml.collectives.reduce_scatter import fold_in, fold_out, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
+from dsml.collectives.reduce_scatter import fold_in, fold_out, halving_masks, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
 
 
 # -- cell 32
@@ -81,34 +81,34 @@ def allreduce_recursive_doubling(comm, data, ufunc):
     return (yield from fold_out(comm, blocks[0], "allreduce"))
 
 
-def allreduce_halving_doubling(comm, data, ufunc):
+def allreduce_halving_doubling(comm, data, ufunc, order="far_first"):
     """Rabenseifner: reduce-scatter by recursive halving, then all-gather by recursive
-    doubling — the bandwidth of the ring in only 2 lg p steps (p a power of two)."""
+    doubling — the bandwidth of the ring in only 2 lg p steps (p a power of two). `order`:
+    halve with the partner p/2 away first ("far_first") or 1 away, as MPICH does."""
     p = comm.size
     sizes = block_sizes(length(data), p)
     blocks = split(data, sizes)
-    mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc)
+    mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc, order)
     if is_power_of_two(p):
-        gathered = yield from allgather_doubling_blocks(comm, mine, sizes)
+        gathered = yield from allgather_doubling_blocks(comm, mine, sizes, order)
     else:
         gathered = yield from allgather_bruck_blocks(comm, mine, sizes)
     return concat(gathered)
 
 
-def allgather_doubling_blocks(comm, mine, sizes):
-    """Recursive doubling all-gather for p a power of two: in round i exchange all blocks
-    gathered so far with rank r XOR 2^i (the reverse of recursive halving)."""
+def allgather_doubling_blocks(comm, mine, sizes, order="far_first"):
+    """Recursive doubling all-gather for p a power of two: each round exchange all blocks
+    gathered so far with rank r XOR mask, the halving's masks in reverse order."""
     p, r = comm.size, comm.rank
     blocks = [None] * p
     blocks[r] = mine
-    lo, hi = r, r + 1
-    mask = 1
-    while mask < p:
+    held = [r]                              # block ids this rank has, ascending
+    for mask in reversed(halving_masks(p, order)):
         peer = r ^ mask
-        peer_lo, peer_hi = (lo + mask, hi + mask) if peer > r else (lo - mask, hi - mask)
-        got = yield comm.sendrecv(peer, concat(blocks[lo:hi]), peer, COLLECTIVE_TAG)
-        got = expect_block(got, mine, sum(sizes[peer_lo:peer_hi]), peer, comm, "allgather")
-        blocks[peer_lo:peer_hi] = split(got, sizes[peer_lo:peer_hi])
-        lo, hi = min(lo, peer_lo), max(hi, peer_hi)
-        mask <<= 1
+        theirs = sorted(i ^ mask for i in held)         # what the peer holds
+        got = yield comm.sendrecv(peer, concat([blocks[i] for i in held]), peer, COLLECTIVE_TAG)
+        got = expect_block(got, mine, sum(sizes[i] for i in theirs), peer, comm, "allgather")
+        for i, block in zip(theirs, split(got, [sizes[i] for i in theirs])):
+            blocks[i] = block
+        held = sorted(held + theirs)
     return blocks

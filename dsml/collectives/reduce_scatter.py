@@ -104,19 +104,36 @@ def owners(new_rank, p):
 
 
 # -- cell 28
-def reduce_scatter_halving_blocks(comm, blocks, ufunc):
-    """Recursive halving: with 2^k ranks, in round i exchange half of the blocks still in
-    play with the partner 2^(k−i) away — keep your half, send theirs, add what comes back —
-    so the data shrinks by half each round. Other p: fold_in first, hand out blocks after."""
+HALVING_ORDERS = ("far_first", "near_first")
+
+
+def halving_masks(p2, order="far_first"):
+    """Recursive halving's partner distances on p2 (a power of two) ranks, round by round:
+    p2/2, …, 2, 1 ("far_first") or 1, 2, …, p2/2 ("near_first", MPICH's order)."""
+    if order not in HALVING_ORDERS:
+        raise ValueError(f"order must be one of {HALVING_ORDERS}, got {order!r}")
+    masks = [1 << i for i in range(p2.bit_length() - 1)]
+    return masks[::-1] if order == "far_first" else masks
+
+
+def reduce_scatter_halving_blocks(comm, blocks, ufunc, order="far_first"):
+    """Recursive halving: with 2^k ranks, in each round exchange half of the blocks still in
+    play with the partner r XOR mask (masks from `halving_masks`) — keep your half, send
+    theirs, add what comes back — so the data shrinks by half each round. Other p: fold_in
+    first, hand out blocks after."""
     p = comm.size
+    masks = halving_masks(1 << (p.bit_length() - 1), order)
     new = yield from fold_in(comm, blocks, ufunc, "reduce_scatter")
     p2 = 1 << (p.bit_length() - 1)
     if new is not None:
-        # Group the p blocks by which of the p2 ranks will own them.
-        groups = [owners(v, p) for v in range(p2)]
+        # Group the p blocks by which of the p2 ranks will own them. Halving keeps the half
+        # that the first round's bit picks, so near-first ends at the bit-reversed position.
+        k = len(masks)
+        flip = (lambda v: v) if order == "far_first" else (
+            lambda v: int(format(v, f"0{k}b")[::-1], 2) if k else v)
+        groups = [owners(flip(v), p) for v in range(p2)]
         lo, hi = 0, p2                      # the range of groups still in play
-        mask = p2 >> 1
-        while mask:
+        for mask in masks:
             partner = new ^ mask
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if new < partner else ((mid, hi), (lo, mid))
@@ -132,7 +149,6 @@ def reduce_scatter_halving_blocks(comm, blocks, ufunc):
             for b, t in zip(keep_ids, theirs):
                 blocks[b] = combine(blocks[b], t, ufunc)
             lo, hi = keep
-            mask >>= 1
     # Unfold: the odd rank of a folded pair gives its partner the partner's block.
     r, rem = comm.rank, p - p2
     if r < 2 * rem:
