@@ -4,7 +4,7 @@
 from dsml.zero import zero_memory_formula
 
 
-# -- cell 165
+# -- cell 156
 import numbers
 from dataclasses import dataclass
 
@@ -50,7 +50,7 @@ def _check_config(config, sizes=None) -> None:
                          f"hidden / heads must be even, got {config.head_dim}")
 
 
-# -- cell 166
+# -- cell 157
 @dataclass(frozen=True)
 class TransformerConfig:
     """The shapes of a decoder-only transformer, GPT-style or Llama-style.
@@ -112,7 +112,7 @@ class TransformerConfig:
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
 
-# -- cell 167
+# -- cell 158
 from dsml.utils import add_to_class
 
 
@@ -135,7 +135,7 @@ def llama_style(cls, layers: int, hidden: int, heads: int, vocab: int, seq_len: 
                tied_embeddings=False, positions="rotary", name=name)
 
 
-# -- cell 168
+# -- cell 159
 @add_to_class(TransformerConfig)
 def layer_breakdown(self) -> dict[str, int]:
     """Parameters of one transformer block: attention, mlp, norms (its two)."""
@@ -171,7 +171,7 @@ def num_params(self) -> int:
     return sum(self.breakdown().values())
 
 
-# -- cell 169
+# -- cell 160
 def narayanan_params(config: TransformerConfig) -> float:
     """Narayanan et al. 2021 (eq. 2), an approximation for GPT-style models:
     P ≈ 12lh²(1 + 13/(12h) + (V + s)/(12lh))."""
@@ -179,7 +179,7 @@ def narayanan_params(config: TransformerConfig) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
-# -- cell 171
+# -- cell 162
 PRESETS = {
     "gpt2": TransformerConfig.gpt_style(12, 768, 12, 50257, 1024, name="gpt2"),
     "gpt2-medium": TransformerConfig.gpt_style(24, 1024, 16, 50257, 1024, name="gpt2-medium"),
@@ -201,7 +201,7 @@ def preset(name: str) -> TransformerConfig:
     return PRESETS[name]
 
 
-# -- cell 176
+# -- cell 167
 import numpy as np
 
 
@@ -245,7 +245,7 @@ def parameter_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# -- cell 177
+# -- cell 168
 def build_numpy_model(config: TransformerConfig, dtype=np.float16, seed: int = 0,
                       max_bytes: float = 2**30) -> dict[str, np.ndarray]:
     """Allocate every parameter of `config` (`parameter_shapes`) as a NumPy array of `dtype`:
@@ -284,7 +284,7 @@ def _rotary(x: np.ndarray) -> np.ndarray:
     return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
-# -- cell 178
+# -- cell 169
 def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
                   tokens) -> np.ndarray:
     """Logits of shape (n, V) for one sequence of n ≤ seq_len token ids, computed in float32
@@ -340,7 +340,7 @@ def numpy_forward(config: TransformerConfig, params: dict[str, np.ndarray],
     return x @ head
 
 
-# -- cell 180
+# -- cell 171
 COLUMN_PARALLEL = ("attn.q", "attn.k", "attn.v", "mlp.fc", "mlp.gate", "mlp.up")
 ROW_PARALLEL = ("attn.o", "mlp.proj", "mlp.down")
 
@@ -368,7 +368,7 @@ def _vocab_shard(matrix: np.ndarray, axis: int, tp: int, tp_rank: int) -> np.nda
     return np.take(padded, np.arange(tp_rank * rows, (tp_rank + 1) * rows), axis=axis)
 
 
-# -- cell 181
+# -- cell 172
 def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], tp: int = 1,
                       tp_rank: int = 0, pp: int = 1, stage: int = 0) -> dict[str, np.ndarray]:
     """The arrays held by tensor-parallel rank `tp_rank` of pipeline stage `stage` (copies):
@@ -413,7 +413,7 @@ def shard_numpy_model(config: TransformerConfig, params: dict[str, np.ndarray], 
     return held
 
 
-# -- cell 183
+# -- cell 174
 def _layer_params_per_tp_rank(config: TransformerConfig, tp: int) -> int:
     """Parameters of one block on one of tp tensor-parallel ranks: the matrices and the
     column-parallel biases split t ways, row-parallel biases and norms whole."""
@@ -448,7 +448,7 @@ def params_per_rank(config: TransformerConfig, tp: int = 1, pp: int = 1, stage: 
     return count
 
 
-# -- cell 185
+# -- cell 176
 @dataclass(frozen=True)
 class BytesPerParameter:
     """Bytes of training state per parameter: weight, gradient, optimizer state (K)."""
@@ -488,7 +488,7 @@ class MemoryBreakdown:
         return {part: getattr(self, part) / GB for part in parts}
 
 
-# -- cell 186
+# -- cell 177
 def zero_model_state_bytes(num_params: float, dp: int, zero_stage: int,
                            precision: str = "mixed") -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state on each of N_d = dp data-parallel ranks
@@ -519,7 +519,7 @@ def zero_model_states(n_params: float, dp: int, stage: int) -> float:
     return zero_model_state_bytes(n_params, dp, stage).total
 
 
-# -- cell 188
+# -- cell 179
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -575,7 +575,7 @@ def inflight_microbatches(pp: int, stage: int, microbatches: int,
     return min(chunk_forwards, microbatches * chunks) / chunks
 
 
-# -- cell 190
+# -- cell 181
 DDP_BUCKET_BYTES = 25 * 2**20       # PyTorch DDP's default bucket cap
 
 
@@ -606,7 +606,7 @@ def _check_layout(layout) -> None:
                              f"pp={layout.pp}, got {layout.microbatches}")
 
 
-# -- cell 191
+# -- cell 182
 @dataclass(frozen=True)
 class Layout:
     """How a model is trained on dp × tp × pp devices.
@@ -663,7 +663,7 @@ class Layout:
                 + "".join(f", {extra}" for extra in extras))
 
 
-# -- cell 192
+# -- cell 183
 def check_chunks(config: TransformerConfig, layout: Layout) -> None:
     """Raise ValueError unless the layout splits the config: `check_split`, and v = chunks
     dividing each stage's layers/pp blocks."""
@@ -716,7 +716,7 @@ def memory_per_rank(config: TransformerConfig, layout: Layout,
     return max(stages, key=lambda breakdown: breakdown.total)
 
 
-# -- cell 194
+# -- cell 185
 from dsml.net.presets import DEVICES, LINKS
 
 
@@ -750,7 +750,7 @@ def training_flops(config: TransformerConfig, sequences: int, recompute: str = "
     return sequences * (3 * forward + extra)
 
 
-# -- cell 196
+# -- cell 187
 # The step model's constants, each with its source. The peak FLOP/s and the links are week 3's
 # presets (dsml.net.presets: A100 312 TFLOP/s dense fp16/bf16, NVLink 3 and InfiniBand HDR).
 A100_HBM_BANDWIDTH = 2.039e12   # B/s: NVIDIA A100 datasheet (2021), 80 GB SXM4, HBM2e
@@ -802,7 +802,7 @@ def achieved_fraction(rows: int, inner: int, cols: int, batch: int = 1,
     return 2.0 * batch * rows * inner * cols / (seconds * device_flops)
 
 
-# -- cell 197
+# -- cell 188
 def layer_matmuls(config: TransformerConfig, micro_batch: int, tp: int = 1) -> dict:
     """The matrix products of one transformer layer's forward for one micro-batch on one
     tensor-parallel rank, name → (batch, rows, inner, cols): the T = b·s tokens through the
@@ -844,7 +844,7 @@ def layer_elementwise_bytes(config: TransformerConfig, micro_batch: int, tp: int
             "activation": (config.mlp_in_matrices + 1) * a * ffn}
 
 
-# -- cell 199
+# -- cell 190
 def ring_seconds(kind: str, nbytes: float, ranks: int, alpha: float, bandwidth: float) -> float:
     """α–β time of a ring collective over `ranks` ranks on `nbytes` (the whole buffer): an
     all-reduce 2(k−1)α + 2(k−1)/k·n/B, a reduce-scatter or all-gather half that; 0 for k = 1."""
@@ -906,7 +906,7 @@ def stage_microbatch_seconds(config: TransformerConfig, layout: Layout, stage: i
     return {"forward": forward, "backward": backward, "tensor": tensor, "pipeline": pipeline}
 
 
-# -- cell 201
+# -- cell 192
 @dataclass(frozen=True)
 class StepEstimate:
     """The step model's seconds per step, by term, and MFU (model FLOPs per second as a
@@ -961,7 +961,7 @@ def _data_parallel_seconds(config, layout, slowest, hw, psi=None) -> float:
     return m * exposed          # no gather after the step: the next forward gathers
 
 
-# -- cell 202
+# -- cell 193
 def estimate_step(config: TransformerConfig, layout: Layout,
                   device_flops: float = DEVICES["a100"].flops,
                   intra_node_bandwidth: float = LINKS["nvlink3"].bandwidth,
@@ -1016,7 +1016,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     return StepEstimate(seconds, compute, bubble, tensor, data, mfu, pipeline, optimizer)
 
 
-# -- cell 204
+# -- cell 195
 @dataclass(frozen=True)
 class LayoutResult:
     """One layout of the search: its memory (the binding rank), its step estimate, and whether
@@ -1031,7 +1031,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-# -- cell 205
+# -- cell 196
 def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
                    device_bytes: float, micro_batches=(1, 2, 4, 8), zero_stages=(0, 1, 2, 3),
                    recompute=RECOMPUTE, precision: str = "mixed", schedule: str = "1f1b",
@@ -1086,7 +1086,7 @@ def search_layouts(config: TransformerConfig, devices: int, global_batch: int,
     return results
 
 
-# -- cell 206
+# -- cell 197
 def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     """The layouts no other beats on both memory and MFU: sorted by bytes per rank, each with a
     higher MFU than every layout that needs less memory."""
@@ -1098,7 +1098,7 @@ def pareto_frontier(results: list[LayoutResult]) -> list[LayoutResult]:
     return frontier
 
 
-# -- cell 245
+# -- cell 236
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM", SC21), Table 1: GPT models, V = 51,200, s = 2,048, full recomputation, fp16, on
 # Selene's A100 80 GB nodes. Columns: name, heads a, hidden h, layers l, tensor size t, pipeline

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 61
+# -- cell 52
 import numbers
 from collections import deque
 from typing import NamedTuple
@@ -51,7 +51,7 @@ def one_f_one_b_ops(stage: int, stages: int, microbatches: int) -> list:
     return ops
 
 
-# -- cell 62
+# -- cell 53
 def interleaved_ops(stage: int, stages: int, microbatches: int, chunks: int) -> list:
     """Interleaved 1F1B (Narayanan et al. 2021, §2.2; Megatron-LM's order): the model is cut
     into p·v chunks and stage i holds chunks i, i + p, i + 2p, …, so a micro-batch visits every
@@ -99,7 +99,7 @@ def zb_h1_ops(stage: int, stages: int, microbatches: int) -> list:
     return ops
 
 
-# -- cell 63
+# -- cell 54
 def schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> list:
     """The ordered ops of every stage: a list of p lists of Op.
 
@@ -131,7 +131,7 @@ def schedule(name: str, stages: int, microbatches: int, chunks: int = 1) -> list
     return ops
 
 
-# -- cell 66
+# -- cell 57
 def _needs(op: Op, stage: int, stages: int, chunks: int) -> list:
     """The ops (kind, micro-batch, virtual stage) that must finish before `op` can start.
     Virtual stage s = chunk·p + stage is the s-th piece of the model."""
@@ -147,7 +147,7 @@ def _needs(op: Op, stage: int, stages: int, chunks: int) -> list:
     return [("B", op.microbatch, virtual)]
 
 
-# -- cell 67
+# -- cell 58
 def check_schedule(ops: list, microbatches: int, chunks: int = 1) -> None:
     """Raise ValueError unless `ops` (one list of Op per stage) is a pipeline schedule that runs.
 
@@ -207,7 +207,7 @@ def check_schedule(ops: list, microbatches: int, chunks: int = 1) -> None:
                          + "; ".join(waits))
 
 
-# -- cell 68
+# -- cell 59
 def bubble_formula(name: str, stages: int, microbatches: int, chunks: int = 1) -> float:
     """The published bubble fraction (idle ÷ total stage time) — the model the simulation is
     checked against, never used by it. GPipe and 1F1B: (p − 1)/(m + p − 1) (Huang et al. 2019;
@@ -227,7 +227,7 @@ def bubble_formula(name: str, stages: int, microbatches: int, chunks: int = 1) -
     return over_ideal / (1 + over_ideal)
 
 
-# -- cell 71
+# -- cell 62
 import math
 from dataclasses import dataclass, field
 
@@ -263,7 +263,7 @@ def _receive(comm, local: dict, src: int, tag: int):
     return (yield comm.recv(src, tag))
 
 
-# -- cell 72
+# -- cell 63
 def pipeline_stage(comm, ops: list, microbatches: int, chunks: int, op_seconds: list, works: list):
     """Rank program of one pipeline stage: run the ops of ops[comm.rank] in order.
 
@@ -309,7 +309,7 @@ def pipeline_stage(comm, ops: list, microbatches: int, chunks: int, op_seconds: 
     return timeline, work.done()
 
 
-# -- cell 73
+# -- cell 64
 class PlaceholderWork:
     """A stage's work when only time matters: activations and gradients are SizeOnly
     placeholders of `message_nbytes` bytes, the size the network charges for."""
@@ -330,7 +330,7 @@ class PlaceholderWork:
         return None
 
 
-# -- cell 75
+# -- cell 66
 def inflight_peaks(timeline: list) -> list:
     """Per stage, the most (micro-batch, chunk) pairs whose activations the stage held at once,
     counted along the timeline (each stage's OpSpans in the order it ran them): held from the
@@ -384,7 +384,7 @@ class PipelineRun:
                    bubble_fraction, bubble_over_ideal, inflight_peaks(timeline), result)
 
 
-# -- cell 76
+# -- cell 67
 def _per_stage(name: str, value, stages: int) -> list:
     """A time per stage: one number for all, or a list of one per stage; finite and ≥ 0 s."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -434,7 +434,7 @@ def _resolve(name, stages, microbatches, chunks):
     return "custom", ops
 
 
-# -- cell 77
+# -- cell 68
 def _run_pipeline(label, ops, microbatches, chunks, t_forward, t_backward, t_weight, works,
                   engine, network) -> PipelineRun:
     """Run the resolved schedule `ops` with one rank per stage and measure it."""
@@ -475,7 +475,7 @@ def simulate(name: str | list, stages: int, microbatches: int, t_forward: float 
                          works, "sim", network)
 
 
-# -- cell 82
+# -- cell 73
 import numpy as np
 
 from dsml.train.models import LOSSES, activate, activation_derivative
@@ -497,7 +497,7 @@ def split_layers(layers: int, pieces: int) -> list:
     return runs
 
 
-# -- cell 83
+# -- cell 74
 def piece_forward(model, layers, h):
     """A piece's layers of `model` (a dsml.train.MLP) on input h: (each layer's input, each
     layer's pre-activation, the output — the last layer of the model has no activation)."""
@@ -535,7 +535,7 @@ def accumulate_weight_grads(grads, layers, kept_inputs, dz) -> None:
             grads[bias] += g.sum(axis=0)
 
 
-# -- cell 84
+# -- cell 75
 class MLPStageWork:
     """The real computation of one stage of a dsml.train.MLP cut into pipeline pieces.
 
@@ -597,7 +597,7 @@ class MLPStageWork:
         return {"loss": self.loss, "grads": self.grads, "peak_held": self.peak_held}
 
 
-# -- cell 85
+# -- cell 76
 class PipelineGradients(NamedTuple):
     """What pipeline_gradients returns: the batch's mean loss, the gradients (name → array,
     in the model's parameter order), the most (micro-batch, chunk) pairs each stage actually

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 22
+# -- cell 17
 import numbers
 
 import numpy as np
@@ -59,7 +59,7 @@ def check_comm(comm, tp: int, rank: int, what: str) -> None:
                          f"with tp = comm.size and rank = comm.rank")
 
 
-# -- cell 23
+# -- cell 18
 def matmul_flops(a, b) -> int:
     """FLOPs of a @ b, counting a multiply-add as 2: 2·(rows of a)·k·(columns of b), read from
     the operands' shapes (batched matmuls included)."""
@@ -74,7 +74,7 @@ def spend_flops(comm, flops: float, flop_rate):
         yield comm.compute(flops / flop_rate)
 
 
-# -- cell 25
+# -- cell 20
 def copy_to_tp(x):
     """Megatron's f, forward: the identity. Every rank already holds the whole input X of a
     column-parallel layer, so entering the tensor-parallel region costs nothing."""
@@ -99,7 +99,7 @@ def reduce_from_tp_backward(dy):
     return dy
 
 
-# -- cell 27
+# -- cell 22
 def _check_same(got, expected, what: str):
     if got != expected:
         raise ValueError(f"{what} must have shape {expected}, got {got}")
@@ -121,7 +121,7 @@ class _ShardedLinear:
         self._x = None
 
 
-# -- cell 28
+# -- cell 23
 class ColumnParallelLinear(_ShardedLinear):
     """Rank r's share of Y = X·A + b with A (in, out) split by columns (Megatron-LM, Shoeybi
     et al. 2019): Y_r = X·A_r + b_r. Forward needs no communication (f = identity); backward
@@ -166,7 +166,7 @@ class ColumnParallelLinear(_ShardedLinear):
         return dx, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 30
+# -- cell 25
 class RowParallelLinear(_ShardedLinear):
     """Rank r's share of Z = Y·B + c with B (in, out) split by rows: rank r holds the input
     columns Y_r (as a column-parallel layer leaves them) and rows B_r; Z = Σ_r Y_r·B_r + c.
@@ -211,7 +211,7 @@ class RowParallelLinear(_ShardedLinear):
         return dx_shard, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 32
+# -- cell 27
 class ParallelMLP:
     """The Megatron MLP: Z = GELU(X·A + a)·B + b with A column-parallel and B row-parallel.
     Rank r computes GELU(X·A_r + a_r) — its own columns of the hidden layer, since GELU acts
@@ -255,7 +255,7 @@ class ParallelMLP:
                     "proj.weight": proj_grads["weight"], "proj.bias": proj_grads["bias"]}
 
 
-# -- cell 34
+# -- cell 29
 class ParallelAttention:
     """Head-parallel causal self-attention (Megatron-LM): rank r owns `heads` of the layer's
     heads — its columns of the fused QKV projection (column-parallel, no communication) and
@@ -310,7 +310,7 @@ class ParallelAttention:
                     "proj.weight": proj_grads["weight"], "proj.bias": proj_grads["bias"]}
 
 
-# -- cell 36
+# -- cell 31
 # How each parameter of a TransformerBlock is cut across tensor-parallel ranks.
 BLOCK_PARTITION = {
     "ln1.weight": "replicated", "ln1.bias": "replicated",
@@ -368,7 +368,7 @@ def shard_block_params(params: dict, heads: int, tp: int, rank: int) -> dict:
     return shard
 
 
-# -- cell 37
+# -- cell 32
 def gather_block_grads(grads_per_rank: list, heads: int) -> dict:
     """The whole block's gradients from every rank's shard gradients (rank order), the inverse
     of shard_block_params. Replicated parameters must have the same gradient on every rank."""
@@ -391,7 +391,6 @@ def gather_block_grads(grads_per_rank: list, heads: int) -> dict:
     return full
 
 
-# -- cell 38
 def parallel_sublayers(params: dict, heads: int, tp: int, rank: int,
                        layers=(ColumnParallelLinear, RowParallelLinear), **options):
     """Rank `rank`'s attention (head-parallel: column-parallel QKV, row-parallel projection)
@@ -414,7 +413,7 @@ def parallel_sublayers(params: dict, heads: int, tp: int, rank: int,
     return attention, mlp
 
 
-# -- cell 39
+# -- cell 33
 class TensorParallelBlock:
     """A TransformerBlock split over tp ranks, Megatron-style: LayerNorms and residuals on every
     rank (replicated), attention head-parallel, the MLP column- then row-parallel. Two
@@ -472,7 +471,7 @@ class TensorParallelBlock:
         return da + dln1_in, {name: grads[name] for name in BLOCK_PARTITION}
 
 
-# -- cell 40
+# -- cell 34
 def tensor_parallel_block_step(comm, params: dict, heads: int, x, dout, flop_rate=None,
                                algorithm: str = "ring"):
     """Rank program: cut this rank's shard of a whole block's `params` (tp = comm.size), run
@@ -487,7 +486,7 @@ def tensor_parallel_block_step(comm, params: dict, heads: int, x, dout, flop_rat
     return {"output": y, "input_grad": dx, "grads": grads, "forward_end": forward_end}
 
 
-# -- cell 42
+# -- cell 36
 from dsml.collectives import cost
 
 # The model: per block and pass, one all-reduce after attention and one after the MLP (g
@@ -539,7 +538,7 @@ def bytes_sent(trace, rank=None, start: float = 0.0, end: float = float("inf")) 
                if r.op in SENDING_OPS and (rank is None or r.rank == rank) and start <= r.start < end)
 
 
-# -- cell 43
+# -- cell 37
 def count_collectives(trace, rank: int, start: float = 0.0, end: float = float("inf")) -> int:
     """How many separate bursts of communication `rank` made in [start, end) s: maximal runs of
     message records with no compute record between them. Each collective is one burst when the
@@ -557,7 +556,7 @@ def count_collectives(trace, rank: int, start: float = 0.0, end: float = float("
     return bursts
 
 
-# -- cell 219
+# -- cell 210
 from functools import partial
 
 from dsml.collectives import allgather, reduce_scatter
@@ -591,7 +590,7 @@ def scatter_sequence(comm, partial_sum, algorithm: str = "ring"):
     return np.swapaxes(mine, 0, 1)
 
 
-# -- cell 220
+# -- cell 211
 class SequenceParallelColumn(ColumnParallelLinear):
     """A column-parallel layer whose input arrives as sequence shards: g (all-gather) replaces
     the identity f, and g's conjugate (reduce-scatter) replaces f's all-reduce in backward.
@@ -621,7 +620,7 @@ class SequenceParallelColumn(ColumnParallelLinear):
         return dx_shard, {"weight": dweight, "bias": dbias}
 
 
-# -- cell 221
+# -- cell 212
 class SequenceParallelRow(RowParallelLinear):
     """A row-parallel layer whose output leaves as sequence shards: ḡ (reduce-scatter)
     replaces g's all-reduce; backward all-gathers dL/dZ (ḡ's conjugate). The bias is added
@@ -672,7 +671,7 @@ class SequenceParallelBlock(TensorParallelBlock):
         return dx_shard, grads
 
 
-# -- cell 222
+# -- cell 213
 from dsml.train.transformer import arrays_in, held_bytes
 
 

@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 112
+# -- cell 103
 import numbers
 
 import numpy as np
@@ -48,7 +48,7 @@ def zero_memory_formula(stage: int, n_params: int, world_size: int, param_bytes:
             "optimizer": optimizer_bytes * (shard if stage >= 1 else n_params)}
 
 
-# -- cell 113
+# -- cell 104
 def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: float = 2,
                       grad_bytes: float = 2) -> float:
     """Bytes each rank sends per training step with ring collectives (week 2), Ψ = n_params.
@@ -69,7 +69,7 @@ def zero_comm_formula(stage: int, n_params: int, world_size: int, param_bytes: f
     return share * (grad_bytes + 2 * param_bytes)
 
 
-# -- cell 118
+# -- cell 109
 from dataclasses import dataclass
 
 from dsml.data_parallel import flatten
@@ -128,7 +128,7 @@ def state_bytes_per_parameter(precision: str = "mixed", optimizer: str = "adam")
             master + states * np.dtype(kept).itemsize)
 
 
-# -- cell 119
+# -- cell 110
 def fsdp_units(model) -> list:
     """The sharding units, one per layer as FSDP wraps them: [(unit name, layout), …] in
     forward order, where layout [(parameter name, shape), …] is week 3's flatten layout of
@@ -163,7 +163,7 @@ def mlp_layer_backward(g, inputs, pre, weight, activation, last: bool, first: bo
     return grad_weight, grad_bias, grad_input
 
 
-# -- cell 123
+# -- cell 114
 LEDGER_CATEGORIES = ("params", "grads", "optimizer", "buffers")
 
 
@@ -223,7 +223,7 @@ class MemoryLedger:
                 "gathered_peak": self.gathered_peak}
 
 
-# -- cell 125
+# -- cell 116
 from dsml.collectives import allreduce, reduce_scatter
 from dsml.collectives.allgather import allgather_ring_blocks
 from dsml.collectives.buffers import block_sizes, split
@@ -267,7 +267,7 @@ def optimizer_state_arrays(optimizer) -> list:
     return arrays
 
 
-# -- cell 126
+# -- cell 117
 def check_zero_arguments(stage, model, X, y, optimizer, precision, loss,
                          prefetch=False) -> int:
     """Every argument of zero_data_parallel that can be checked before training: the stage as
@@ -295,7 +295,7 @@ def check_zero_arguments(stage, model, X, y, optimizer, precision, loss,
     return stage
 
 
-# -- cell 127
+# -- cell 118
 from types import SimpleNamespace
 
 
@@ -330,7 +330,7 @@ def _zero_state(comm, stage, model, spec, ledger) -> SimpleNamespace:
                            grads=grads, updated=updated, ledger=ledger, stage=stage)
 
 
-# -- cell 128
+# -- cell 119
 def _unit_weights(comm, state, name):
     """Generator: a unit's whole weights — gathered into a buffer in stage 3, else held."""
     if state.stage == 3:
@@ -385,7 +385,7 @@ def _zero_forward(comm, state, model, X, y, shard, loss, seconds_per_flop, prefe
     return inputs, pre, g, value * examples
 
 
-# -- cell 129
+# -- cell 120
 def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
                    seconds_per_flop, prefetch=False):
     """Generator: the backward pass, last layer first; each layer's gradient, scaled by
@@ -429,7 +429,7 @@ def _zero_backward(comm, state, model, spec, inputs, pre, g, examples, factor,
                 del bucket
 
 
-# -- cell 130
+# -- cell 121
 def _zero_update(comm, state, opt, spec, step):
     """Generator: the optimizer step on what this rank owns, unscaled in the optimizer's
     precision; then the new weights in the forward precision, all-gathered in stages 1–2."""
@@ -455,7 +455,7 @@ def _zero_update(comm, state, opt, spec, step):
             yield from allgather_pieces(comm, state.params[name])
 
 
-# -- cell 131
+# -- cell 122
 def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1e-3,
                        precision="mixed", loss="cross_entropy", seconds_per_flop: float = 0.0,
                        prefetch: bool = False, **hyper):
@@ -500,7 +500,7 @@ def zero_data_parallel(comm, stage, model, X, y, batches, optimizer="adam", lr=1
             "memory": state.ledger.report()}
 
 
-# -- cell 133
+# -- cell 124
 from dsml.comm.run import run
 
 
@@ -534,7 +534,7 @@ class ZeroRun:
     trace: object
 
 
-# -- cell 134
+# -- cell 125
 def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = "sim",
                network=None, optimizer: str = "adam", lr: float = 1e-3, precision="mixed",
                loss: str = "cross_entropy", seconds_per_flop: float = 0.0,
@@ -578,7 +578,7 @@ def zero_train(stage: int, model, X, y, batches, world_size: int, engine: str = 
                    time=result.time, trace=result.trace)
 
 
-# -- cell 157
+# -- cell 148
 def fsdp_layer_seconds(model, world_size: int, link, examples: int, seconds_per_flop: float,
                        param_bytes: float = 2, grad_bytes: float = 2) -> dict:
     """α–β seconds of each layer of `model` in a stage-3 step on `world_size` ranks with

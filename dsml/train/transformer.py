@@ -1,7 +1,7 @@
 """Generated from notebooks/week5_model_and_pipeline_parallelism.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 12
+# -- cell 9
 import math
 
 import numpy as np
@@ -47,7 +47,7 @@ def layer_norm_backward(dy, cache):
     return dx, dweight, dbias
 
 
-# -- cell 13
+# -- cell 10
 def linear_forward(x, weight, bias=None):
     """x (..., in) @ weight (in, out) + bias (out,) → (..., out)."""
     y = x @ weight
@@ -94,7 +94,7 @@ def causal_attention_forward(qkv, heads: int):
     return out, (q, k, v, weights)
 
 
-# -- cell 14
+# -- cell 11
 def causal_attention_backward(dout, cache):
     """dL/dqkv (b, s, 3·heads·d) of causal_attention_forward, given dL/dout (b, s, heads·d)."""
     q, k, v, weights = cache
@@ -114,7 +114,6 @@ def causal_attention_backward(dout, cache):
     return np.concatenate([merged(dq), merged(dk), merged(dv)], axis=-1)
 
 
-# -- cell 15
 def block_param_shapes(hidden: int) -> dict:
     """Name → shape of every parameter of a block of width `hidden`, in forward order.
     Weights are (in, out), as in dsml.train.MLP; the MLP is 4·hidden wide (GPT-2)."""
@@ -137,7 +136,7 @@ def check_block_shape(hidden: int, heads: int) -> None:
                          f"hidden/heads columns of Q, K and V")
 
 
-# -- cell 16
+# -- cell 12
 def init_block_params(hidden: int, seed: int = 0, dtype=np.float64, std: float = 0.02) -> dict:
     """A block's parameters drawn as GPT-2 draws them: weights N(0, std²), biases 0, LayerNorm
     weights 1 (names and shapes from block_param_shapes)."""
@@ -188,7 +187,7 @@ def block_backward(p: dict, cache, dy):
     return da + dln1_in, g
 
 
-# -- cell 17
+# -- cell 13
 class TransformerBlock:
     """One pre-LayerNorm GPT-2 block with explicit forward and backward passes:
 
@@ -235,7 +234,7 @@ class TransformerBlock:
         return self.backward_with_input(dout)[1]
 
 
-# -- cell 227
+# -- cell 218
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
@@ -294,7 +293,7 @@ def recomputed_step(block, x, dout, recompute: str = "none"):
     return dx, grads, held
 
 
-# -- cell 230
+# -- cell 221
 def round_to_bf16(x):
     """x rounded to bfloat16, returned as float32 (whose low 16 bits are then zero):
     round to nearest, ties to even, on the upper 16 bits of the float32 bit pattern.
