@@ -44,6 +44,7 @@ def striped_layout(seq: int, cp: int) -> list:
     return [np.arange(r, seq, cp) for r in range(cp)]
 
 
+# -- cell 6
 def check_layout(layout, seq: int, cp: int) -> None:
     """A layout gives each of cp ranks the same number of positions, each of 0 … seq − 1 once."""
     if len(layout) != cp:
@@ -65,7 +66,7 @@ def visible_pairs(q_positions, k_positions, causal: bool) -> int:
     return int(np.searchsorted(keys, q_positions, side="right").sum())
 
 
-# -- cell 8
+# -- cell 9
 def block_scores(q, k, q_positions, k_positions, causal: bool):
     """q·kᵀ/√d for one block of queries against one block of keys, (…, nq, nk); with a causal
     mask the pairs whose key comes after the query are −∞."""
@@ -100,7 +101,7 @@ def finish(state):
     return o / l[..., None], m + np.log(l)
 
 
-# -- cell 11
+# -- cell 12
 FORWARD_FLOPS_PER_PAIR = 4     # × d: q·k (2d) and p·v (2d), a multiply-add counted as 2
 BACKWARD_FLOPS_PER_PAIR = 10   # × d: q·k again (2d), then dV, dP, dQ and dK (2d each)
 
@@ -141,7 +142,7 @@ def ring_attention_forward(comm, q, k, v, layout, causal: bool = True, flop_rate
     return finish(state)
 
 
-# -- cell 13
+# -- cell 14
 def block_backward(q, k, v, dout, lse, delta, q_positions, k_positions, causal: bool):
     """(dq, dk, dv) of one query block against one K/V block, from the forward's log-sum-exp
     (so the softmax is rebuilt block by block: P = exp(scores − lse)) and
@@ -183,7 +184,7 @@ def ring_attention_backward(comm, q, k, v, out, lse, dout, layout, causal: bool 
     return dq, dkv[0], dkv[1]
 
 
-# -- cell 15
+# -- cell 16
 def ring_attention_step(comm, q, k, v, dout, layout, causal: bool = True, flop_rate=None):
     """Rank program: forward and backward of ring attention on this rank's share. q, k, v, dout
     are the whole (…, seq, d) arrays; the rank keeps the positions layout[rank] of each.
@@ -225,7 +226,7 @@ def ring_attention_timing(comm, layout, rows: int, d: int, itemsize: int, causal
             yield comm.join(transfer)
 
 
-# -- cell 20
+# -- cell 21
 def ring_attention_kv_bytes(seq: int, kv_dim: int, cp: int, micro_batch: int = 1,
                             itemsize: int = ACTIVATION_BYTES, tp: int = 1) -> float:
     """Bytes one rank sends per layer in ring attention's forward (Liu et al. 2023): its K and
