@@ -85,11 +85,11 @@ def _one_way_table(args, network, gamma_nbytes=None):
     """The ping-pong of `dsml pingpong` and `dsml calibrate`: print one row per size as it is
     measured; return (sizes, one-way times, the calibrated AlphaBeta; γ measured on
     `gamma_nbytes` bytes if given, else 0)."""
-    from dsml.comm.calibrate import calibrate
+    from dsml.comm.calibrate import WARM_UP_ROUND_TRIPS, calibrate
 
     sizes = size_range(args.begin, args.end, args.factor)
     print(f"# ping-pong, 2 ranks, engine {args.engine}, {args.round_trips} round trips per run "
-          f"(at most 3 above 64 KiB), median of {args.repeats} runs")
+          f"after {WARM_UP_ROUND_TRIPS} untimed, median of {args.repeats} runs")
     # The units and the '#' of `dsml bench`'s table: µs and GB/s (1e9 B/s).
     print(f"#{'size (B)':>11} {'one-way (µs)':>14} {'bandwidth (GB/s)':>18}")
 
@@ -949,8 +949,7 @@ def _ping_pong_arguments(parser, round_trips: int) -> None:
                         help="largest size (default 4M)")
     parser.add_argument("-f", "--factor", type=int, default=4, help="size multiplier (default 4)")
     parser.add_argument("--round-trips", type=int, default=round_trips,
-                        help=f"round trips per run (default {round_trips}; at most 3 above "
-                             f"64 KiB)")
+                        help=f"timed round trips per run, at every size (default {round_trips})")
     parser.add_argument("--repeats", type=int, default=3, help="runs per size (median; default 3)")
 
 

@@ -8,7 +8,7 @@ from dsml.collectives.allgather import allgather_bruck_blocks, allgather_ring_bl
 from dsml.collectives.broadcast import broadcast_binomial, broadcast_naive
 from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, empty_block, expect_block, expect_like, flat, is_power_of_two, length, mismatch_in, restore, split
 from dsml.collectives.reduce import reduce_binomial, reduce_naive
-from dsml.collectives.reduce_scatter import fold_in, fold_out, halving_masks, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
+from dsml.collectives.reduce_scatter import fold_in, fold_out, halving_masks, joined, real_rank, reduce_scatter_halving_blocks, reduce_scatter_ring_blocks
 
 
 # -- cell 32
@@ -87,18 +87,19 @@ def allreduce_halving_doubling(comm, data, ufunc, order="far_first"):
     halve with the partner p/2 away first ("far_first") or 1 away, as MPICH does."""
     p = comm.size
     sizes = block_sizes(length(data), p)
-    blocks = split(data, sizes)
-    mine = yield from reduce_scatter_halving_blocks(comm, blocks, ufunc, order)
-    if is_power_of_two(p):
-        gathered = yield from allgather_doubling_blocks(comm, mine, sizes, order)
-    else:
-        gathered = yield from allgather_bruck_blocks(comm, mine, sizes)
-    return concat(gathered)
+    # As the ring does (p a power of two): sums and gathered blocks go into one new buffer.
+    result = empty_block(data, length(data)) if is_power_of_two(p) else None
+    into = None if result is None else split(result, sizes)
+    mine = yield from reduce_scatter_halving_blocks(comm, split(data, sizes), ufunc, order, into)
+    if result is None:
+        return concat((yield from allgather_bruck_blocks(comm, mine, sizes)))
+    yield from allgather_doubling_blocks(comm, mine, sizes, order, into)
+    return result
 
 
-def allgather_doubling_blocks(comm, mine, sizes, order="far_first"):
+def allgather_doubling_blocks(comm, mine, sizes, order="far_first", into=None):
     """Recursive doubling all-gather for p a power of two: each round exchange all blocks
-    gathered so far with rank r XOR mask, the halving's masks in reverse order."""
+    gathered so far with rank r XOR mask, the halving's masks reversed (`into`: as the ring's)."""
     p, r = comm.size, comm.rank
     blocks = [None] * p
     blocks[r] = mine
@@ -106,9 +107,12 @@ def allgather_doubling_blocks(comm, mine, sizes, order="far_first"):
     for mask in reversed(halving_masks(p, order)):
         peer = r ^ mask
         theirs = sorted(i ^ mask for i in held)         # what the peer holds
-        got = yield comm.sendrecv(peer, concat([blocks[i] for i in held]), peer, COLLECTIVE_TAG)
+        got = yield comm.sendrecv(peer, joined([blocks[i] for i in held]), peer, COLLECTIVE_TAG)
         got = expect_block(got, mine, sum(sizes[i] for i in theirs), peer, comm, "allgather")
         for i, block in zip(theirs, split(got, [sizes[i] for i in theirs])):
+            if into is not None and type(block) is not SizeOnly:
+                into[i][...] = block
+                block = into[i]
             blocks[i] = block
         held = sorted(held + theirs)
     return blocks

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 # names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, expect_like, flat, length, mismatch_in, split
+from dsml.collectives.buffers import COLLECTIVE_TAG, MismatchError, OPS, block_sizes, check_algorithm, check_op, combine, concat, expect_block, expect_like, flat, length, mismatch_in, split
 
 
 # -- cell 26
@@ -116,12 +116,17 @@ def halving_masks(p2, order="far_first"):
     return masks[::-1] if order == "far_first" else masks
 
 
-def reduce_scatter_halving_blocks(comm, blocks, ufunc, order="far_first"):
+def joined(blocks):
+    """Blocks to send as one message: a lone block as it is (no copy), else concatenated."""
+    return blocks[0] if len(blocks) == 1 else concat(blocks)
+
+
+def reduce_scatter_halving_blocks(comm, blocks, ufunc, order="far_first", into=None):
     """Recursive halving: with 2^k ranks, in each round exchange half of the blocks still in
     play with the partner r XOR mask (masks from `halving_masks`) — keep your half, send
     theirs, add what comes back — so the data shrinks by half each round. Other p: fold_in
-    first, hand out blocks after."""
-    p = comm.size
+    first, hand out blocks after. Sums go into new arrays, or into `into[b]` (as the ring's)."""
+    p, r = comm.size, comm.rank
     masks = halving_masks(1 << (p.bit_length() - 1), order)
     new = yield from fold_in(comm, blocks, ufunc, "reduce_scatter")
     p2 = 1 << (p.bit_length() - 1)
@@ -140,17 +145,16 @@ def reduce_scatter_halving_blocks(comm, blocks, ufunc, order="far_first"):
             send_ids = [b for g in range(*give) for b in groups[g]]
             keep_ids = [b for g in range(*keep) for b in groups[g]]
             peer = real_rank(partner, p)
-            got = yield comm.sendrecv(peer, concat([blocks[b] for b in send_ids]), peer,
+            got = yield comm.sendrecv(peer, joined([blocks[b] for b in send_ids]), peer,
                                       COLLECTIVE_TAG)
-            got = expect_like(got, concat([blocks[b] for b in keep_ids]), peer, comm,
-                              "reduce_scatter")
+            counts = [length(blocks[b]) for b in keep_ids]
+            got = expect_block(got, blocks[r], sum(counts), peer, comm, "reduce_scatter")
             yield comm.combine(got.nbytes)
-            theirs = split(got, [length(blocks[b]) for b in keep_ids])
-            for b, t in zip(keep_ids, theirs):
-                blocks[b] = combine(blocks[b], t, ufunc)
+            for b, t in zip(keep_ids, split(got, counts)):
+                blocks[b] = combine(blocks[b], t, ufunc, None if into is None else into[b])
             lo, hi = keep
     # Unfold: the odd rank of a folded pair gives its partner the partner's block.
-    r, rem = comm.rank, p - p2
+    rem = p - p2
     if r < 2 * rem:
         if r % 2 == 1:
             yield comm.send(r - 1, blocks[r - 1], COLLECTIVE_TAG)

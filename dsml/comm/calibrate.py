@@ -11,15 +11,19 @@ from dsml.net.alphabeta import AlphaBeta
 from dsml.net.fit import fit_alpha_beta
 
 
+WARM_UP_ROUND_TRIPS = 2
+
+
 def ping_pong(comm, nbytes, round_trips):
     """Rank program for 2 ranks: the one-way time (s) of an n-byte message — half the median of
-    `round_trips` round trips, each timed with comm.now(), after one warm-up round trip (which
-    pays the first-touch costs). The median, because a round trip during which another program
-    ran on this core is not what a message costs."""
+    `round_trips` round trips, each timed with comm.now(), after WARM_UP_ROUND_TRIPS untimed
+    ones that pay the first-touch costs (on `processes`, each side holds one message while the
+    next arrives, so its shared-memory pool needs two segments per peer). The median, because a
+    round trip during which another program ran on this core is not what a message costs."""
     message = np.zeros(nbytes, dtype=np.uint8)
     stamps = []
-    for i in range(round_trips + 1):
-        if i:
+    for i in range(WARM_UP_ROUND_TRIPS + round_trips):
+        if i >= WARM_UP_ROUND_TRIPS:
             stamps.append((yield comm.now()))
         if comm.rank == 0:
             yield comm.send(1, message)
@@ -62,13 +66,13 @@ def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, round_trips: i
     """Measure this machine as an α–β–γ model. Returns (AlphaBeta, one-way times in s).
 
     α (s) and β (s/byte) are fitted by least squares (`fit_alpha_beta`) to the median one-way
-    ping-pong time of each size on `engine` (sizes above 64 KiB make at most 3 round trips);
+    ping-pong time of each size on `engine`, `round_trips` round trips at every size;
     γ (s/byte) is `np.add` on `gamma_nbytes`, larger than the caches (None: not measured, 0).
     `report(nbytes, seconds)` is called after each size, for a caller that prints as it goes."""
     times = []
     for nbytes in sizes:
-        trips = round_trips if nbytes <= 65536 else min(round_trips, 3)
-        times.append(measure(ping_pong, 2, (nbytes, trips), repeats, engine, network=network))
+        times.append(measure(ping_pong, 2, (nbytes, round_trips), repeats, engine,
+                             network=network))
         if report is not None:
             report(nbytes, times[-1])
     alpha, beta = fit_alpha_beta(sizes, times)
