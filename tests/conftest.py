@@ -4,3 +4,11 @@ import pytest
 # The week test modules assert through this helper module; rewrite its asserts as pytest does
 # a test module's, so a failing contract shows the values compared, not a bare AssertionError.
 pytest.register_assert_rewrite("exercise_contract")
+
+# The suite is deterministic: every property-based test runs the same examples on every machine
+# and every run (a test's own @settings keep this default for what they do not set), and no
+# example database carries a failure found on one machine into the next run.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("dsml", derandomize=True, database=None)
+settings.load_profile("dsml")

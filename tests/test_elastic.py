@@ -580,10 +580,18 @@ def test_with_a_store_any_crash_gives_the_same_trajectory(seed):
             elastic_outcome(stored)
         return
     outcome = elastic_outcome(stored)
-    assert without_epochs(outcome["history"]) == without_epochs(expected["history"])
-    assert outcome["ranks"] == expected["ranks"] and meetings(outcome) == meetings(expected)
     generations = [r["epoch"] for r in outcome["rendezvous"]]
     assert generations == sorted(set(generations))       # rising, never reused
+    if generations != [r["epoch"] for r in expected["rendezvous"]]:
+        # A leader died after the store took its proposal: that generation is skipped, so the
+        # epochs differ from the run without a store, and a crash injected at "rendezvous n"
+        # (the announcement of epoch n) falls on another leader's announcement. The runs are no
+        # longer the same experiment: check this one on its own (samples accounted,
+        # parameters equal to a serial replay of its committed history).
+        check_run(stored)
+        return
+    assert without_epochs(outcome["history"]) == without_epochs(expected["history"])
+    assert outcome["ranks"] == expected["ranks"] and meetings(outcome) == meetings(expected)
 
 
 def test_the_detectors_suspicions_go_to_the_store():
