@@ -760,6 +760,7 @@ def watched_gather(self, total, sizes):
     return failed
 
 
+# -- cell 129
 @add_to_class(ElasticRank)
 def refuse(self, rank):
     self.refused += 1
@@ -789,7 +790,7 @@ def fenced_out(self, epoch: int):
     return f"stopped: fenced out (suspected while alive; the membership is at epoch {epoch})"
 
 
-# -- cell 129
+# -- cell 130
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -840,7 +841,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 131
+# -- cell 132
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -878,7 +879,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 155
+# -- cell 156
 import multiprocessing
 import os
 import signal
@@ -938,7 +939,7 @@ def fail_now(comm, how: str, why: str):
     raise error
 
 
-# -- cell 156
+# -- cell 157
 def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
     """Rank program: the failure detector and membership. It takes the next message from
     anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
