@@ -179,14 +179,10 @@ def membership_store(comm, clients, members):
     generation, members = 0, list(members)
     log, refused, gone = [(0, list(members), None)], [], set()
     while not set(clients) <= gone:            # a failed non-client counts for nothing
-        try:
-            src, request = yield comm.recv_any(STORE_TAG)
-        except PeerFailed as failure:
-            gone.add(failure.rank)
+        got = yield from next_request(comm, STORE_TAG, gone)
+        if got is None:
             continue
-        if request[0] == "bye":
-            gone.add(src)
-            continue
+        src, request = got
         verdict = "ok" if request[1] == generation else "refused"
         if verdict == "ok":
             generation, members = generation + 1, list(request[2])
@@ -198,6 +194,21 @@ def membership_store(comm, clients, members):
             "refused": refused}
 
 
+def next_request(comm, tag: int, gone: set):
+    """A server's next request on `tag`: (src, request), or None when it was a failure notice
+    or a ("bye",) — its sender then joins `gone`."""
+    try:
+        src, request = yield comm.recv_any(tag)
+    except PeerFailed as failure:
+        gone.add(failure.rank)
+        return None
+    if request[0] == "bye":
+        gone.add(src)
+        return None
+    return src, request
+
+
+# -- cell 114
 def propose(comm, store, members, seen: int):
     """Have the membership store at rank `store` take `members` on top of generation `seen`;
     returns the generation it took them under. A refusal means someone moved the generation
@@ -211,7 +222,7 @@ def propose(comm, store, members, seen: int):
         seen = generation
 
 
-# -- cell 114
+# -- cell 115
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -253,7 +264,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 115
+# -- cell 116
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -312,7 +323,7 @@ def gather(self, total, sizes):
     return failed
 
 
-# -- cell 116
+# -- cell 117
 @add_to_class(ElasticRank)
 def send_gradient(self, leader: int, samples: int, vector):
     if self.detector is None:
@@ -330,7 +341,7 @@ def send_step(self, workers, total, sizes):
         yield self.comm.send(worker, message, tag=DOWN)
 
 
-# -- cell 118
+# -- cell 119
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -388,7 +399,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 120
+# -- cell 121
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -415,7 +426,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 121
+# -- cell 122
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -454,7 +465,7 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 122
+# -- cell 123
 @add_to_class(ElasticRank)
 def announce(self, epoch: int, decisions):
     """Send each rank of the new membership (epoch `epoch`) its decision, in order."""
@@ -506,7 +517,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 123
+# -- cell 124
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -542,7 +553,7 @@ def commit(self, members, seen: int):
     return (yield from propose(self.comm, self.store, members, seen))
 
 
-# -- cell 125
+# -- cell 126
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -596,7 +607,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 126
+# -- cell 127
 def crash_after(messages, after: int, why: str):
     """Run the sends of `messages` (a generator) and fail once `after` of them are done — or at
     its end, if it sends fewer."""
@@ -652,7 +663,7 @@ class CrashingRank(ElasticRank):
         yield from messages
 
 
-# -- cell 127
+# -- cell 128
 GRAD_TAG, CLOCK_TAG = 73, 74    # watched: epoch-stamped gradients and wake-ups; clock requests
 
 
@@ -696,21 +707,16 @@ def elastic_clock(comm, clients, every: float):
     has said ("bye",) or failed; returns how many wake-ups it sent."""
     gone, sent = set(), 0
     while not set(clients) <= gone:
-        try:
-            src, request = yield comm.recv_any(CLOCK_TAG)
-        except PeerFailed as failure:
-            gone.add(failure.rank)
-            continue
-        if request[0] == "bye":
-            gone.add(src)
+        got = yield from next_request(comm, CLOCK_TAG, gone)
+        if got is None:
             continue
         yield from pause(comm, every)
-        yield comm.send(src, ("wake",), tag=GRAD_TAG)
+        yield comm.send(got[0], ("wake",), tag=GRAD_TAG)
         sent += 1
     return {"status": "clock", "wakeups": sent}
 
 
-# -- cell 128
+# -- cell 129
 @add_to_class(ElasticRank)
 def stall_if_due(self):
     if self.stall is not None and self.stall[0] == self.step:
@@ -760,7 +766,7 @@ def watched_gather(self, total, sizes):
     return failed
 
 
-# -- cell 129
+# -- cell 130
 @add_to_class(ElasticRank)
 def refuse(self, rank):
     self.refused += 1
@@ -790,7 +796,7 @@ def fenced_out(self, epoch: int):
     return f"stopped: fenced out (suspected while alive; the membership is at epoch {epoch})"
 
 
-# -- cell 130
+# -- cell 131
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -841,7 +847,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 132
+# -- cell 133
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -879,7 +885,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 156
+# -- cell 157
 import multiprocessing
 import os
 import signal
@@ -939,7 +945,7 @@ def fail_now(comm, how: str, why: str):
     raise error
 
 
-# -- cell 157
+# -- cell 158
 def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
     """Rank program: the failure detector and membership. It takes the next message from
     anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
