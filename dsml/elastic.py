@@ -270,7 +270,8 @@ def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
     and wait for the leader only; the leader waits for each worker. So every wait ends —
     with the message or with PeerFailed — and the leader decides for everyone.
-    Returns None (step taken) or "failure" (go to a rendezvous)."""
+    Returns None (step taken), "failure" (go to a rendezvous) or "stopped: fenced out …"
+    (this rank was suspected while alive: see watched_gather)."""
     comm, leader = self.comm, self.members[0]
     yield from self.stall_if_due()
     samples, vector = yield from self.local_gradient()
