@@ -731,7 +731,8 @@ def watched_gather(self, total, sizes):
     worker silent for more than the timeout in this step is suspected — dead or only slow,
     the leader cannot tell — and counted failed: the rendezvous then commits a membership
     without it under a new epoch. A gradient stamped with an old epoch is refused (counted)
-    and its sender told it was fenced out."""
+    and its sender told it was fenced out. Left out: if this leader fails between suspecting
+    a rank and refusing it, the fenced rank waits on (the simulator reports the deadlock)."""
     comm, clock = self.comm, self.detector["clock"]
     start, waiting, got, failed = (yield comm.now()), set(self.members[1:]), {}, []
     while waiting:
