@@ -118,6 +118,8 @@ class ElasticRank:
         self.members = list(self.initial) if self.member else []
         self.epoch, self.dead = 0, set()
         self.store = None                       # the membership store's rank (elastic_train)
+        self.detector, self.stall, self.alarm = None, None, False   # watched_gather
+        self.suspected, self.told, self.refused, self.fence_verdict = {}, set(), 0, None
         self.step, self.cursor, self.history, self.rendezvous_log = 0, 0, [], []
         self.computed_samples = 0              # every sample this rank took a gradient of
         self.holds = self.member                # a spare holds no model until it is given one
@@ -177,14 +179,10 @@ def membership_store(comm, clients, members):
     generation, members = 0, list(members)
     log, refused, gone = [(0, list(members), None)], [], set()
     while not set(clients) <= gone:            # a failed non-client counts for nothing
-        try:
-            src, request = yield comm.recv_any(STORE_TAG)
-        except PeerFailed as failure:
-            gone.add(failure.rank)
+        got = yield from next_request(comm, STORE_TAG, gone)
+        if got is None:
             continue
-        if request[0] == "bye":
-            gone.add(src)
-            continue
+        src, request = got
         verdict = "ok" if request[1] == generation else "refused"
         if verdict == "ok":
             generation, members = generation + 1, list(request[2])
@@ -196,6 +194,21 @@ def membership_store(comm, clients, members):
             "refused": refused}
 
 
+def next_request(comm, tag: int, gone: set):
+    """A server's next request on `tag`: (src, request), or None when it was a failure notice
+    or a ("bye",) — its sender then joins `gone`."""
+    try:
+        src, request = yield comm.recv_any(tag)
+    except PeerFailed as failure:
+        gone.add(failure.rank)
+        return None
+    if request[0] == "bye":
+        gone.add(src)
+        return None
+    return src, request
+
+
+# -- cell 114
 def propose(comm, store, members, seen: int):
     """Have the membership store at rank `store` take `members` on top of generation `seen`;
     returns the generation it took them under. A refusal means someone moved the generation
@@ -209,7 +222,7 @@ def propose(comm, store, members, seen: int):
         seen = generation
 
 
-# -- cell 114
+# -- cell 115
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -251,14 +264,16 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 115
+# -- cell 116
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
     and wait for the leader only; the leader waits for each worker. So every wait ends —
     with the message or with PeerFailed — and the leader decides for everyone.
-    Returns None (step taken) or "failure" (go to a rendezvous)."""
+    Returns None (step taken), "failure" (go to a rendezvous) or "stopped: fenced out …"
+    (this rank was suspected while alive: see watched_gather)."""
     comm, leader = self.comm, self.members[0]
+    yield from self.stall_if_due()
     samples, vector = yield from self.local_gradient()
     if self.me != leader:
         yield from self.send_gradient(leader, samples, vector)
@@ -270,9 +285,30 @@ def train_step(self):
         if reply[0] == "rendezvous":
             self.dead |= set(reply[1])
             return "failure"
+        if reply[0] == "fenced":                  # suspected while alive (watched_gather)
+            return (yield from self.fenced_out(reply[1]))
+        if self.detector is not None and reply[3] != self.epoch:   # the leader is not watched
+            raise RuntimeError(f"rank {self.me}: step from epoch {reply[3]} in {self.epoch}")
         self.apply(reply[1], reply[2])
         return None
-    total, sizes, failed = vector.copy(), [samples], []
+    total, sizes = vector.copy(), [samples]
+    gather = self.gather if self.detector is None else self.watched_gather
+    failed = yield from gather(total, sizes)
+    workers = [w for w in self.members[1:] if w not in failed]
+    if failed:
+        for worker in workers:
+            yield comm.send(worker, ("rendezvous", sorted(self.dead)), tag=DOWN)
+        return "failure"
+    yield from self.send_step(workers, total, sizes)
+    self.apply(total, sizes)
+    return None
+
+
+@add_to_class(ElasticRank)
+def gather(self, total, sizes):
+    """The leader adds each worker's gradient sums into `total`, in order; returns the
+    workers found failed."""
+    comm, failed = self.comm, []
     for worker in self.members[1:]:
         try:
             step, their_samples, theirs = yield comm.recv(worker, tag=UP)
@@ -285,29 +321,28 @@ def train_step(self):
                                f"{self.step}")
         total += theirs
         sizes.append(their_samples)
-    workers = [w for w in self.members[1:] if w not in failed]
-    if failed:
-        for worker in workers:
-            yield comm.send(worker, ("rendezvous", sorted(self.dead)), tag=DOWN)
-        return "failure"
-    yield from self.send_step(workers, total, sizes)
-    self.apply(total, sizes)
-    return None
+    return failed
 
 
+# -- cell 117
 @add_to_class(ElasticRank)
 def send_gradient(self, leader: int, samples: int, vector):
-    yield self.comm.send(leader, (self.step, samples, vector), tag=UP)
+    if self.detector is None:
+        yield self.comm.send(leader, (self.step, samples, vector), tag=UP)
+    else:                                       # watched: the sender's epoch goes along
+        yield self.comm.send(leader, (self.epoch, self.step, samples, vector), tag=GRAD_TAG)
 
 
 @add_to_class(ElasticRank)
 def send_step(self, workers, total, sizes):
     """The leader sends the step's summed vector to the workers, the most junior first."""
     for worker in reversed(workers):
-        yield self.comm.send(worker, ("step", total, sizes), tag=DOWN)
+        message = ("step", total, sizes) if self.detector is None else \
+            ("step", total, sizes, self.epoch)
+        yield self.comm.send(worker, message, tag=DOWN)
 
 
-# -- cell 117
+# -- cell 119
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -365,7 +400,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 119
+# -- cell 121
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -392,7 +427,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 120
+# -- cell 122
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -431,7 +466,7 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 121
+# -- cell 123
 @add_to_class(ElasticRank)
 def announce(self, epoch: int, decisions):
     """Send each rank of the new membership (epoch `epoch`) its decision, in order."""
@@ -478,11 +513,12 @@ def lead_rendezvous(self, reason: str):
         turned_away = [r for r in self.seniority if r not in members and r not in self.dead]
         yield from self.stop_all(turned_away, "training finished before this rank joined",
                                  collect=True)
+        yield from self.fence_untold()
         return "done"
     return "go on"
 
 
-# -- cell 122
+# -- cell 124
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -518,7 +554,7 @@ def commit(self, members, seen: int):
     return (yield from propose(self.comm, self.store, members, seen))
 
 
-# -- cell 124
+# -- cell 126
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -533,13 +569,17 @@ def run_rank(self):
         if self.joiners_due(self.step):
             outcome = yield from self.rendezvous("join")
             continue
-        if (yield from self.train_step()) == "failure":
+        status = yield from self.train_step()
+        if status == "failure":
             outcome = yield from self.rendezvous("failure")
+        elif status is not None:               # "stopped: fenced out …"
+            outcome = status
     return {"status": "finished" if outcome == "done" else "stopped", "outcome": outcome,
             "rank": self.me, "params": self.model.params, "step": self.step,
             "cursor": self.cursor, "history": self.history, "rendezvous": self.rendezvous_log,
             "epoch": self.epoch, "members": self.members, "dead": sorted(self.dead),
-            "computed_samples": self.computed_samples}
+            "computed_samples": self.computed_samples, "suspected": self.suspected,
+            "refused": self.refused, "fence_verdict": self.fence_verdict}
 
 
 def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
@@ -568,7 +608,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 125
+# -- cell 127
 def crash_after(messages, after: int, why: str):
     """Run the sends of `messages` (a generator) and fail once `after` of them are done — or at
     its end, if it sends fewer."""
@@ -624,12 +664,146 @@ class CrashingRank(ElasticRank):
         yield from messages
 
 
-# -- cell 126
+# -- cell 128
+GRAD_TAG, CLOCK_TAG = 73, 74    # watched: epoch-stamped gradients and wake-ups; clock requests
+
+
+def check_detector(comm, detector, members, joins, store):
+    """Validate detector = {"clock": rank, "timeout": s, "every": s (default timeout/4)}, or
+    None (off). Returns (detector, members): members default to every rank that is not a
+    spare, the store or the clock."""
+    if detector is None:
+        return None, members
+    detector = dict(detector)
+    clock, timeout = detector.get("clock"), detector.get("timeout")
+    if not (isinstance(clock, int) and 0 <= clock < comm.size and clock != store
+            and clock not in (joins or {}) and clock not in (members or [])):
+        raise ValueError(f"detector['clock'] must be a rank in 0..{comm.size - 1} that is "
+                         f"not a member, a spare or the store, got {clock}")
+    detector.setdefault("every", timeout / 4 if isinstance(timeout, (int, float)) else 0)
+    if not (isinstance(timeout, (int, float)) and timeout > 0 and detector["every"] > 0):
+        raise ValueError(f"detector needs timeout > 0 and every > 0 (s), got {detector}")
+    if members is None:
+        members = [r for r in range(comm.size) if r not in (joins or {})
+                   and r not in (store, clock)]
+    return detector, members
+
+
+def check_stalls(stalls, members, joins) -> dict:
+    """Validate stalls = {rank: (step, seconds)}: a member or spare other than the first
+    leader (a leader is not watched), which pauses once before that step's gradient."""
+    stalls = dict(stalls or {})
+    for rank, spec in stalls.items():
+        if rank not in members[1:] and rank not in joins:
+            raise ValueError(f"stalls: rank {rank} must be a member other than the leader "
+                             f"{members[0]}, or a spare")
+        if not (isinstance(spec, tuple) and len(spec) == 2 and spec[0] >= 0 and spec[1] > 0):
+            raise ValueError(f"stalls[{rank}] must be (step ≥ 0, seconds > 0), got {spec!r}")
+    return stalls
+
+
+def elastic_clock(comm, clients, every: float):
+    """Rank program: the leader's timer. A request ("wake",) is answered `every` s later by
+    ("wake",) on GRAD_TAG, where the leader waits for gradients. Serves `clients` until each
+    has said ("bye",) or failed; returns how many wake-ups it sent."""
+    gone, sent = set(), 0
+    while not set(clients) <= gone:
+        got = yield from next_request(comm, CLOCK_TAG, gone)
+        if got is None:
+            continue
+        yield from pause(comm, every)
+        yield comm.send(got[0], ("wake",), tag=GRAD_TAG)
+        sent += 1
+    return {"status": "clock", "wakeups": sent}
+
+
+# -- cell 129
+@add_to_class(ElasticRank)
+def stall_if_due(self):
+    if self.stall is not None and self.stall[0] == self.step:
+        seconds, self.stall = self.stall[1], None        # once: alive, just slow
+        yield from pause(self.comm, seconds)
+
+
+@add_to_class(ElasticRank)
+def watched_gather(self, total, sizes):
+    """gather with a timeout: wake-ups from the clock tell the leader time has passed. A
+    worker silent for more than the timeout in this step is suspected — dead or only slow,
+    the leader cannot tell — and counted failed: the rendezvous then commits a membership
+    without it under a new epoch. A gradient stamped with an old epoch is refused (counted)
+    and its sender told it was fenced out. Left out: if this leader fails between suspecting
+    a rank and refusing it, the fenced rank waits on (the simulator reports the deadlock)."""
+    comm, clock = self.comm, self.detector["clock"]
+    start, waiting, got, failed = (yield comm.now()), set(self.members[1:]), {}, []
+    while waiting:
+        if not self.alarm:                        # one wake-up outstanding at a time
+            yield comm.send(clock, ("wake",), tag=CLOCK_TAG)
+            self.alarm = True
+        try:
+            src, message = yield comm.recv_any(GRAD_TAG)
+        except PeerFailed as failure:
+            if failure.rank not in self.dead:
+                yield from self.noticed(failure.rank)
+            if failure.rank in waiting:
+                waiting.discard(failure.rank)
+                failed.append(failure.rank)
+            continue
+        if src == clock:
+            self.alarm, waited = False, (yield comm.now()) - start
+            if waited > self.detector["timeout"]:
+                self.suspected.update(dict.fromkeys(waiting, waited))
+                self.dead |= waiting
+                failed, waiting = failed + sorted(waiting), set()
+            continue
+        epoch, step, their_samples, theirs = message
+        if epoch != self.epoch or src not in waiting:    # a fenced-out rank: refused
+            yield from self.refuse(src)
+            continue
+        if step != self.step:
+            raise RuntimeError(f"leader {self.me}: rank {src} sent step {step} in {self.step}")
+        got[src], waiting = (their_samples, theirs), waiting - {src}
+    for worker in [w for w in self.members[1:] if w in got]:     # in order, as gather
+        total += got[worker][1]
+        sizes.append(got[worker][0])
+    return failed
+
+
+# -- cell 130
+@add_to_class(ElasticRank)
+def refuse(self, rank):
+    self.refused += 1
+    self.told.add(rank)
+    yield self.comm.send(rank, ("fenced", self.epoch), tag=DOWN)
+
+
+@add_to_class(ElasticRank)
+def fence_untold(self):
+    """Before leaving, take the stale gradient each suspect still owes, and refuse it."""
+    for rank in sorted(set(self.suspected) - self.told):
+        try:
+            yield self.comm.recv(rank, tag=GRAD_TAG)
+        except PeerFailed:
+            continue
+        yield from self.refuse(rank)
+
+
+@add_to_class(ElasticRank)
+def fenced_out(self, epoch: int):
+    """This rank was suspected while alive: the membership went on to `epoch` without it.
+    With a store, it tries to write back the membership it knew — refused by compare-and-set,
+    since the generation moved on — and stops (it does not rejoin)."""
+    if self.store is not None:
+        yield self.comm.send(self.store, ("cas", self.epoch, self.members), tag=STORE_TAG)
+        self.fence_verdict = (yield self.comm.recv(self.store, tag=STORE_TAG))[0]
+    return f"stopped: fenced out (suspected while alive; the membership is at epoch {epoch})"
+
+
+# -- cell 131
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
                   detect_seconds: float = 0.0, seed: int = 0, loss: str = "cross_entropy",
-                  store=None):
+                  store=None, detector=None, stalls=None):
     """Rank program (run with failures="notify"): data-parallel SGD that survives ranks
     leaving and joining. `steps` optimizer steps over a seeded stream of X, y (stream_batch);
     `members` the ranks that start (default: all but the spares), `joins` = {spare rank: step}
@@ -640,29 +814,42 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
     heartbeat timeout adds to each detected failure. `store`: a rank that runs the membership
-    store (membership_store) instead of training. Returns a dict (see ElasticRank.run)."""
+    store (membership_store) instead of training. `detector` = {"clock": rank, "timeout": s}
+    (off by default) has the leader suspect a worker silent for longer than the timeout in a
+    step, and fence it out (watched_gather); `stalls` = {rank: (step, s)} makes a live rank
+    pause before that step's gradient. Returns a dict (see ElasticRank.run)."""
+    detector, members = check_detector(comm, detector, members, joins, store)
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
                                       checkpoint_every, store)
     crashes = check_crashes(crashes, comm.size)
+    stalls = check_stalls(stalls, members, joins)
     if store in crashes:
         raise ValueError(f"crashes: the store (rank {store}) cannot crash: a store that "
                          f"survives failures is replicated (etcd), which this section leaves out")
     if comm.rank == store:
         return (yield from membership_store(comm, members + sorted(joins), members))
+    if detector is not None and comm.rank == detector["clock"]:
+        if comm.rank in crashes:
+            raise ValueError(f"crashes: the detector's clock (rank {comm.rank}) cannot crash")
+        return (yield from elastic_clock(comm, members + sorted(joins), detector["every"]))
     args = (comm, model, optimizer, X, y, steps, batch, lr, members, joins, rule, restore,
             checkpoint_every, seconds_per_sample, detect_seconds, seed, loss)
     rank = CrashingRank(*args, crash=crashes[comm.rank]) if comm.rank in crashes \
         else ElasticRank(*args)
-    rank.store = store
+    rank.store, rank.detector, rank.stall = store, detector, stalls.get(comm.rank)
     if comm.rank not in members and comm.rank not in joins:
         return {"status": "idle", "rank": comm.rank}
     result = yield from rank.run_rank()
     if store is not None:
         yield comm.send(store, ("bye",), tag=STORE_TAG)
+    if detector is not None:
+        if rank.alarm:                          # the wake-up still owed to a last leader
+            yield comm.recv(detector["clock"], tag=GRAD_TAG)
+        yield comm.send(detector["clock"], ("bye",), tag=CLOCK_TAG)
     return result
 
 
-# -- cell 128
+# -- cell 133
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -700,7 +887,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 152
+# -- cell 157
 import multiprocessing
 import os
 import signal
@@ -760,7 +947,7 @@ def fail_now(comm, how: str, why: str):
     raise error
 
 
-# -- cell 153
+# -- cell 158
 def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
     """Rank program: the failure detector and membership. It takes the next message from
     anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank

@@ -15,6 +15,9 @@ stated rule, the data cursor as the running sum of the global batches. Against i
 - seeded random crash schedules (hypothesis) keep all of this;
 - what is lost is what the restore mode says: the steps since the last checkpoint, or none;
 - all ranks failing, the last survivor failing, a spare left alone: a clear TrainingLost;
+- with a detector (a timeout, inside training), a stalled but live worker is suspected, fenced
+  out by the new epoch, its late gradient refused and counted, and the replay still holds; a
+  detector that never fires changes nothing, bit for bit;
 - bad input fails with an error that names the argument.
 """
 from __future__ import annotations
@@ -605,3 +608,104 @@ def test_the_detectors_suspicions_go_to_the_store():
     assert set(monitor["suspected"]) == {1, 3} and sorted(result.failed) == [3]
     assert [(g, m) for g, m, _ in store["log"]] == [(0, [1, 2, 3]), (1, [2, 3]), (2, [2])]
     assert monitor["epoch"] == store["generation"] == 2 and store["refused"] == []
+
+
+# --- a detector that can be wrong, inside training ------------------------------------------
+# detector={"clock": rank, "timeout": T}: the leader suspects a worker silent for more than T
+# in a step. A stalled worker is alive: it is suspected anyway, fenced out by the new epoch,
+# and its late gradient (stamped with the old epoch) is refused.
+
+WATCH = dict(seconds_per_sample=1e-3)          # 3 samples per rank: a step takes ~3 ms
+
+
+def watched(world, clock, timeout=0.01, **kwargs):
+    return elastic(world, detector={"clock": clock, "timeout": timeout}, **WATCH, **kwargs)
+
+
+@pytest.mark.parametrize("restore", ["checkpoint", "replica"])
+@pytest.mark.parametrize("stall, refused_at", [(0.02, 1), (0.5, 2)])   # wakes mid-run / after
+def test_a_stalled_live_worker_is_suspected_fenced_and_refused(restore, stall, refused_at):
+    result = watched(5, clock=4, stalls={2: (5, stall)}, restore=restore)
+    assert not result.failed                                   # nobody died …
+    outcome = check_run(result)                                # … the replay holds
+    leader, slow = result.values[0], result.values[2]
+    assert list(leader["suspected"]) == [2] and leader["refused"] == 1
+    assert 0.01 < leader["suspected"][2] <= 0.01 + 0.0025 + 1e-3   # T < wait ≤ T + every
+    assert slow["status"] == "stopped" and "fenced out" in slow["outcome"]
+    assert f"epoch {refused_at}" in slow["outcome"] and slow["epoch"] == 0
+    assert outcome["ranks"] == [0, 1, 3]
+    suspicion = outcome["rendezvous"][0]
+    assert (suspicion["reason"], suspicion["members"]) == ("failure", [0, 1, 3])
+    resumed = suspicion["resume_step"]
+    assert [h["members"] for h in outcome["history"]] == \
+        [[0, 1, 2, 3]] * resumed + [[0, 1, 3]] * (10 - resumed)
+    assert resumed == (4 if restore == "checkpoint" else 5)
+
+
+def test_the_store_refuses_the_fenced_members_stale_view():
+    """With a store, the fenced rank tries to write back the membership it knew (generation
+    0): compare-and-set refuses it, since the suspicion moved the generation on."""
+    result = watched(6, clock=4, store=5, stalls={2: (5, 0.02)})
+    check_run(result)
+    store, slow = result.values[5], result.values[2]
+    assert slow["fence_verdict"] == "refused"
+    assert store["refused"] == [(2, 0, 1)] and store["generation"] == 2     # refused mid-run
+    assert [(g, m) for g, m, _ in store["log"]][:2] == [(0, [0, 1, 2, 3]), (1, [0, 1, 3])]
+    assert store["members"] == [0, 1, 3]
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(crashes={2: ("step", 7)}),
+    dict(crashes={0: ("reply", 5)}, restore="replica"),
+    dict(joins={3: 4}, crashes={1: ("step", 2)}),
+])
+def test_a_detector_that_never_fires_changes_nothing(kwargs):
+    """A timeout no step reaches: the same committed history and bit-identical parameters as
+    without the detector (the engine's notice still reports real crashes)."""
+    plain = elastic_outcome(elastic(4, **WATCH, **kwargs))
+    run_ = watched(5, clock=4, timeout=10.0, **kwargs)
+    outcome = elastic_outcome(run_)
+    assert outcome["history"] == plain["history"] and outcome["ranks"] == plain["ranks"]
+    for name in plain["params"]:
+        assert np.array_equal(outcome["params"][name], plain["params"][name])
+    assert all(not v.get("suspected") and not v.get("refused") for v in run_.values
+               if isinstance(v, dict))
+
+
+def test_a_stall_without_a_detector_is_only_waited_for():
+    plain = elastic_outcome(elastic(4, **WATCH))
+    slow = elastic(4, stalls={2: (5, 0.05)}, **WATCH)
+    outcome = check_run(slow)
+    assert outcome["history"] == plain["history"] and outcome["ranks"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_stalls_never_hang_and_the_replay_holds(seed):
+    rng = np.random.default_rng(seed)
+    stalls = {int(r): (int(rng.integers(0, 9)), float(rng.choice([0.004, 0.02, 0.3])))
+              for r in rng.choice([1, 2, 3, 4], size=int(rng.integers(1, 4)), replace=False)}
+    result = watched(6, clock=5, stalls=stalls, restore=["checkpoint", "replica"][seed % 2])
+    outcome = check_run(result)
+    suspected = set(result.values[0]["suspected"])
+    assert suspected <= set(stalls) and not result.failed
+    assert set(outcome["ranks"]) == {0, 1, 2, 3, 4} - suspected
+    assert result.values[0]["refused"] == len(suspected)
+    for rank in suspected:
+        assert "fenced out" in result.values[rank]["outcome"]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(detector={"clock": 1, "timeout": 0.1}, members=[0, 1, 2]),
+     "detector\\['clock'\\] must be a rank in 0..3"),
+    (dict(detector={"clock": 9, "timeout": 0.1}), "detector\\['clock'\\] must be a rank"),
+    (dict(detector={"clock": 3, "timeout": 0}), "detector needs timeout > 0"),
+    (dict(stalls={0: (2, 0.1)}), "stalls: rank 0 must be a member other than the leader"),
+    (dict(stalls={1: (2, -1.0)}), "stalls\\[1\\] must be \\(step ≥ 0, seconds > 0\\)"),
+    (dict(detector={"clock": 3, "timeout": 0.1}, crashes={3: ("step", 1)}),
+     "the detector's clock \\(rank 3\\) cannot crash"),
+])
+def test_bad_detector_arguments(kwargs, message):
+    result = elastic(4, **kwargs)
+    assert result.failed
+    for error in result.failed.values():
+        assert re.search(message, str(error)), error
