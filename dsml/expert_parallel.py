@@ -341,7 +341,7 @@ from dsml.memory import (A100_HBM_BANDWIDTH, ACTIVATION_BYTES, BACKWARD_TRAFFIC,
                          MASK_BYTES, PRECISIONS, Layout, StepEstimate, estimate_step,
                          forward_flops_per_sequence, matmul_seconds, memory_per_rank,
                          params_per_rank, stage_microbatch_seconds, zero_model_state_bytes,
-                         _data_parallel_seconds)
+                         data_parallel_seconds)
 from dsml.context_parallel import ring_attention_kv_bytes
 from dsml.net.presets import DEVICES, LINKS
 
@@ -467,7 +467,7 @@ class ParallelEstimate:
 def expert_data_seconds(config: TransformerConfig, layout: ParallelLayout, moe: MoE,
                         hw: dict) -> tuple[float, float]:
     """(dense, experts): exposed seconds of a MoE layout's data-parallel traffic by week 5's
-    own rule (`_data_parallel_seconds`: its overlap with the backward, its collective for each
+    own rule (`data_parallel_seconds`: its overlap with the backward, its collective for each
     ZeRO stage), applied twice: to the dense weights (the inner problem's Ψ less its k
     experts) over all dp·cp ranks, and to the E/ep experts a rank holds over the dp·cp/ep
     ranks that hold the same ones, on the link their span needs (stride t·ep, span t·dp·cp).
@@ -479,10 +479,10 @@ def expert_data_seconds(config: TransformerConfig, layout: ParallelLayout, moe: 
     slowest = max(stages, key=lambda parts: sum(parts.values()))
     expert = config.layers // p * expert_mlp_params(config) // t
     psi = max(params_per_rank(inner, t, p, 0), params_per_rank(inner, t, p, p - 1))
-    dense = _data_parallel_seconds(inner, base, slowest, hw, psi=psi - moe.k * expert)
+    dense = data_parallel_seconds(inner, base, slowest, hw, psi=psi - moe.k * expert)
     alpha, bandwidth = _link(t * base.dp, hw)
     span = {**hw, "intra_node_alpha": alpha, "intra_node_bandwidth": bandwidth}
-    experts = _data_parallel_seconds(inner, replace(base, dp=base.dp // layout.ep), slowest,
+    experts = data_parallel_seconds(inner, replace(base, dp=base.dp // layout.ep), slowest,
                                      span, psi=expert * (moe.experts // layout.ep))
     return dense, experts
 

@@ -921,7 +921,7 @@ class StepEstimate:
     optimizer_seconds: float = 0.0
 
 
-def _data_parallel_seconds(config, layout, slowest, hw, psi=None) -> float:
+def data_parallel_seconds(config, layout, slowest, hw, psi=None) -> float:
     """Exposed seconds of the data-parallel traffic (see `estimate_step`) of psi parameters per
     rank (default: the larger of the first and last stages' `params_per_rank`)."""
     d, t, p, m = layout.dp, layout.tp, layout.pp, layout.microbatches
@@ -1006,7 +1006,7 @@ def estimate_step(config: TransformerConfig, layout: Layout,
     compute = m * (slowest["forward"] + slowest["backward"])
     tensor, pipeline = m * slowest["tensor"], m * slowest["pipeline"]
     bubble = (p - 1) / v * per_microbatch
-    data = _data_parallel_seconds(config, layout, slowest, hw)
+    data = data_parallel_seconds(config, layout, slowest, hw)
     psi = max(params_per_rank(config, layout.tp, p, 0),
               params_per_rank(config, layout.tp, p, p - 1))
     optimizer = ADAM_BYTES * psi / (layout.dp if layout.zero >= 1 else 1) / memory_bandwidth
