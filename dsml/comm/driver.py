@@ -182,6 +182,7 @@ class MatchingTransport:
         self.sent_at = rank * STATUS_FIELDS + SENT
         self.taken_at = rank * STATUS_FIELDS + TAKEN
         self.early = {}     # (src, tag) -> deque of payloads that arrived before their recv
+        self.held = 0       # how many payloads wait in `early` (kept by `unstashed`)
         self.failed = {}    # rank -> the exception its program raised (failures="notify")
         self.started = None       # perf_counter time of the common start (set by drive)
         self.unnotified = set()   # failed ranks that no receive from any source has reported
@@ -242,6 +243,7 @@ class MatchingTransport:
     def unstashed(self, count) -> None:
         """`count` messages left the stash (negative: came into it): keep the number that
         wait there in the status record (for the report of a deadlock)."""
+        self.held -= count
         self.status.cells[self.rank * STATUS_FIELDS + STASHED] -= count
 
     def checkpoint(self) -> None:
