@@ -180,3 +180,41 @@ def test_yielding_the_collective_itself_still_says_use_yield_from():
     with pytest.raises(dsml.RankError, match=r"yielded the generator function allreduce "
                                              r"itself.*`yield from`"):
         dsml.run(yields_allreduce_itself, 2, engine="threads", timeout=TIMEOUT)
+
+
+def _scaled(comm, x, scale=2):
+    yield comm.compute(1e-6)
+    return x * scale
+
+
+def _scaled_keyword_only(comm, x, *, scale=2):
+    yield comm.compute(1e-6)
+    return x * scale
+
+
+def _scaled_by_clock(comm, x, clock=3):             # a name the generated wrapper uses
+    yield comm.compute(1e-6)
+    return x * clock
+
+
+@pytest.mark.parametrize("trace", [True, False])
+def test_traced_wrappers_pass_every_argument_and_record_one_slice_per_call(trace):
+    from dsml.comm.spans import traced
+    scaled, keyword_only, by_clock = (traced(f) for f in (_scaled, _scaled_keyword_only,
+                                                          _scaled_by_clock))
+
+    def program(comm):
+        x = np.ones(2)
+        out = [(yield from scaled(comm, x)), (yield from scaled(comm, x, 5)),
+               (yield from scaled(comm, x=x, scale=5)),
+               (yield from keyword_only(comm, x)), (yield from keyword_only(comm, x, scale=5)),
+               (yield from by_clock(comm, x)), (yield from by_clock(comm, x, clock=5))]
+        return [float(o.sum()) for o in out]
+
+    result = dsml.run(program, 2, engine="threads", trace=trace, timeout=TIMEOUT)
+    assert result.values == [[4.0, 10.0, 10.0, 4.0, 10.0, 6.0, 10.0]] * 2
+    if trace:
+        spans = [r for r in result.trace if r.op.startswith("_scaled")]
+        assert sorted(r.op for r in spans if r.rank == 0) == sorted(
+            ["_scaled"] * 3 + ["_scaled_keyword_only"] * 2 + ["_scaled_by_clock"] * 2)
+        assert {r.nbytes for r in spans} == {16}
