@@ -6,6 +6,10 @@ path for large arrays. No assertion on speed (benchmarks/small_messages.py measu
 from __future__ import annotations
 
 import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +24,7 @@ from leaks import nothing_left_behind  # noqa: F401
 from test_shm import same_bits, small_payloads
 
 TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- frames ---------------------------------------------------------------------------------------
@@ -218,3 +223,20 @@ def test_traced_wrappers_pass_every_argument_and_record_one_slice_per_call(trace
         assert sorted(r.op for r in spans if r.rank == 0) == sorted(
             ["_scaled"] * 3 + ["_scaled_keyword_only"] * 2 + ["_scaled_by_clock"] * 2)
         assert {r.nbytes for r in spans} == {16}
+
+
+def test_the_per_call_benchmark_runs_checks_its_sums_and_times_a_second_checkout(tmp_path):
+    raw = tmp_path / "raw.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "small_messages.py"),
+                          "--calls", "20", "--warm-up", "5", "--repeats", "1",
+                          "--columns", "pingpong,ring,recursive_doubling,pipe",
+                          "--before", str(ROOT), "--raw", str(raw)],
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr[-3000:]
+    names = ["pingpong", "pingpong (before)", "ring", "ring (before)", "recursive_doubling",
+             "recursive_doubling (before)", "pipe"]
+    rows = {line[:30].strip() for line in run.stdout.splitlines() if not line.startswith("#")}
+    assert set(names) <= rows
+    summaries = json.loads(raw.read_text())
+    assert sorted(summaries) == sorted(names)
+    assert all(s[0]["p10"] <= s[0]["median"] <= s[0]["p90"] for s in summaries.values())
