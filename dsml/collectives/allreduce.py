@@ -17,13 +17,14 @@ import numpy as np
 from dsml.collectives.checks import reducing
 
 ALLREDUCE_ALGORITHMS = ("naive", "ring", "recursive_doubling", "halving_doubling", "tree")
+ALLREDUCE_OPS = tuple(OPS) + ("mean",)
 
 
 def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
     """Every rank returns the elementwise reduction of all ranks' `x` (same shape and dtype
     on every rank); op "mean" divides the sum by p. Every rank gets bit-identical results."""
     check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
-    check_op(op, tuple(OPS) + ("mean",))
+    check_op(op, ALLREDUCE_OPS)
     comm = reducing(comm, x, op, "allreduce")   # bool sums refused; one tag per op
     ufunc = OPS["sum" if op == "mean" else op]
     data = flat(x)                       # only read: every algorithm writes its own buffers
@@ -62,7 +63,8 @@ def allreduce_recursive_doubling(comm, data, ufunc):
     Other p: fold_in first, send the result back to the ranks that sat out."""
     p = comm.size
     blocks = [data]
-    new = yield from fold_in(comm, blocks, ufunc, "allreduce")
+    folds = not is_power_of_two(p)          # a power of two has nothing to fold
+    new = (yield from fold_in(comm, blocks, ufunc, "allreduce")) if folds else comm.rank
     p2 = 1 << (p.bit_length() - 1)
     if new is not None:
         mask = 1
@@ -78,7 +80,7 @@ def allreduce_recursive_doubling(comm, data, ufunc):
             else:
                 blocks[0] = combine(got, blocks[0], ufunc)
             mask <<= 1
-    return (yield from fold_out(comm, blocks[0], "allreduce"))
+    return (yield from fold_out(comm, blocks[0], "allreduce")) if folds else blocks[0]
 
 
 def allreduce_halving_doubling(comm, data, ufunc, order="far_first"):

@@ -104,7 +104,7 @@ def restore(data, x):
         return data
     if np.shares_memory(data, x):
         data = data.copy()
-    return data.reshape(x.shape)
+    return data if data.shape == x.shape else data.reshape(x.shape)
 
 
 # -- cell 10

@@ -12,7 +12,7 @@ import numpy as np
 
 def check_reducible(x, op: str, what: str) -> None:
     """Raise ValueError if `op` on `x` would not mean what it says (see the module's text)."""
-    if isinstance(x, np.ndarray) and x.dtype == np.bool_ and op in ("sum", "mean"):
+    if isinstance(x, np.ndarray) and x.dtype.kind == "b" and op in ("sum", "mean"):
         raise ValueError(
             f"{what}: op={op!r} on a bool array would be a logical OR, not a count (NumPy adds "
             f"booleans with `or`); pass x.astype(np.int64) to count the True values, or use "

@@ -182,6 +182,7 @@ class MatchingTransport:
         self.sent_at = rank * STATUS_FIELDS + SENT
         self.taken_at = rank * STATUS_FIELDS + TAKEN
         self.early = {}     # (src, tag) -> deque of payloads that arrived before their recv
+        self.held = 0       # how many payloads wait in `early` (kept by `unstashed`)
         self.failed = {}    # rank -> the exception its program raised (failures="notify")
         self.started = None       # perf_counter time of the common start (set by drive)
         self.unnotified = set()   # failed ranks that no receive from any source has reported
@@ -242,6 +243,7 @@ class MatchingTransport:
     def unstashed(self, count) -> None:
         """`count` messages left the stash (negative: came into it): keep the number that
         wait there in the status record (for the report of a deadlock)."""
+        self.held -= count
         self.status.cells[self.rank * STATUS_FIELDS + STASHED] -= count
 
     def checkpoint(self) -> None:
@@ -302,6 +304,9 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     value = None
     throw = None              # a PeerFailed for the program (failures="notify")
     check_at = t0 + CHECK_EVERY
+    send, recv = transport.send, transport.recv
+    # Each branch records its own trace row: with no trace, a request costs no more than
+    # handing it to the transport (the small-message path of the processes engine).
     while True:
         try:
             if throw is None:
@@ -323,40 +328,47 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
             check_at = start + CHECK_EVERY
         kind = type(request)
         if kind is SendRecv:
-            transport.send(request.dst, request.tag, request.payload)
-            sent[request.dst] += 1
+            dst, src, tag = request.dst, request.src, request.tag
+            send(dst, tag, request.payload)
+            sent[dst] += 1
             try:
-                value = transport.recv(request.src, request.tag)
+                value = recv(src, tag)
             except PeerGone as gone:
                 throw = peer_failed(gone.rank, gone.error)
                 continue
-            received[request.src] += 1
-            op, src, dst, nbytes = "sendrecv", request.src, request.dst, request.nbytes
-        elif kind is Send:
-            transport.send(request.dst, request.tag, request.payload)
-            sent[request.dst] += 1
-            value, op, src, dst, nbytes = None, "send", rank, request.dst, request.nbytes
-        elif kind is Recv:
-            try:
-                value = transport.recv(request.src, request.tag)
-            except PeerGone as gone:
-                throw = peer_failed(gone.rank, gone.error)
-                continue
-            received[request.src] += 1
-            op, src, dst, nbytes = "recv", request.src, rank, None
-        elif kind is Compute:
-            value, op, src, dst, nbytes = None, "compute", -1, -1, 0
+            received[src] += 1
+            if records is not None:
+                records.append((rank, "sendrecv", start, clock(), src, dst, request.nbytes, tag))
         elif kind is Combine:
-            value, op, src, dst, nbytes = None, "combine", -1, -1, request.nbytes
+            if records is not None:
+                records.append((rank, "combine", start, clock(), -1, -1, request.nbytes, 0))
+        elif kind is Send:
+            dst = request.dst
+            send(dst, request.tag, request.payload)
+            sent[dst] += 1
+            if records is not None:
+                records.append((rank, "send", start, clock(), rank, dst, request.nbytes,
+                                request.tag))
+        elif kind is Recv:
+            src = request.src
+            try:
+                value = recv(src, request.tag)
+            except PeerGone as gone:
+                throw = peer_failed(gone.rank, gone.error)
+                continue
+            received[src] += 1
+            if records is not None:
+                records.append((rank, "recv", start, clock(), src, rank, payload_nbytes(value),
+                                request.tag))
+        elif kind is Compute:
+            if records is not None:
+                records.append((rank, "compute", start, clock(), -1, -1, 0, 0))
         elif kind is Now:
             value = start - t0           # reading the clock is not recorded (as on sim)
-            continue
         elif kind is Span:               # a collective's enclosing slice: no time passes
-            value = None
             if records is not None:
                 records.append((rank, request.op, t0 + request.start, clock(), -1, -1,
                                 request.nbytes, 0))
-            continue
         elif ADDED_REQUESTS.get(kind) in ("spawn", "join", "recv_any"):
             # A second activity (week 3) or a receive from any source (week 4): from here on,
             # the scheduler runs the rank.
@@ -364,11 +376,6 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
                                      received, records)
         else:
             raise _not_a_request(request)
-        if records is not None:
-            if nbytes is None:
-                nbytes = payload_nbytes(value)
-            records.append((rank, op, start, clock(), src, dst, nbytes,
-                            getattr(request, "tag", 0)))
 
 
 class _Activity:

@@ -28,7 +28,10 @@ def not_a_request(request, choices: str | None = None) -> str:
     if isinstance(request, types.GeneratorType):
         return (f"yielded a generator ({generator_name(request)}(...)), not a request; "
                 f"{USE_YIELD_FROM}")
-    if inspect.isgeneratorfunction(request):
+    # A collective of dsml.collectives is a function that returns the generator (`spans.traced`,
+    # `__wrapped__` its generator function).
+    if inspect.isgeneratorfunction(request) or inspect.isgeneratorfunction(
+            getattr(request, "__wrapped__", None)):
         return (f"yielded the generator function {generator_name(request)} itself, not a "
                 f"request; {USE_YIELD_FROM}")
     if choices is None:

@@ -19,6 +19,7 @@ enclosing slice from the work under it (`dsml.viz.timeline` leaves them out by d
 from __future__ import annotations
 
 import functools
+import inspect
 
 from dsml.comm.api import ADDED_REQUESTS, Comm, Request, payload_nbytes
 from dsml.comm.sim_engine import SimEngine
@@ -79,18 +80,54 @@ def clock_of(comm):
 
 def traced(collective, op: str | None = None):
     """The collective (a rank program: `yield from` it), recording one enclosing slice named
-    `op` (default: the function's name) per call; its return value is the collective's."""
+    `op` (default: the function's name) per call; its return value is the collective's.
+
+    Without a trace (or with a communicator whose clock is unknown) a call returns the
+    collective's own generator, so that no extra generator frame sits between the collective
+    and the engine; with one, a generator that records the slice around it. The wrapper has
+    the collective's own parameters (`_same_signature`): forwarding `*args, **kwargs` costs
+    about 0.6 µs a call, a few % of a 4 KiB all-reduce on `processes`."""
     name = op or collective.__name__
 
-    @functools.wraps(collective)
-    def call(comm, *args, **kwargs):
-        clock = comm if type(comm) is Comm else clock_of(comm)
-        if clock is None or not clock.tracing:    # no trace, or not a communicator we know
-            return (yield from collective(comm, *args, **kwargs))
+    def spanned(comm, clock, args, kwargs=None):
         start = yield clock.now()
-        result = yield from collective(comm, *args, **kwargs)
+        result = yield from collective(comm, *args, **(kwargs or {}))
         payload = args[0] if args else None
         yield Span(name, start, payload_nbytes(payload) if payload is not None else 0)
         return result
 
-    return call
+    # A generator is named after its function: errors about it name the collective.
+    spanned.__name__, spanned.__qualname__ = collective.__name__, collective.__qualname__
+    return functools.wraps(collective)(_same_signature(collective, spanned))
+
+
+def _same_signature(collective, spanned):
+    """`call(comm, ...)` with the parameters (and defaults) of `collective`: the collective's
+    generator when the communicator records no trace, else `spanned(comm, clock, args)`, the
+    arguments after `comm` passed by position. A collective whose parameters are not all plain
+    (positional or keyword), or whose names the generated code uses, gets a `*args, **kwargs`
+    wrapper instead."""
+    params = list(inspect.signature(collective).parameters.values())
+    taken = {"clock", "Comm", "clock_of", "collective", "spanned"}
+    if not params or any(p.kind is not p.POSITIONAL_OR_KEYWORD or p.name in taken
+                         or p.name.startswith("_default_") for p in params):
+        def call(comm, *args, **kwargs):
+            clock = comm if type(comm) is Comm else clock_of(comm)
+            if clock is None or not clock.tracing:    # no trace, or not a communicator we know
+                return collective(comm, *args, **kwargs)
+            return spanned(comm, clock, args, kwargs)
+        return call
+    names = [p.name for p in params]
+    defaults = {f"_default_{p.name}": p.default for p in params if p.default is not p.empty}
+    head = ", ".join(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}"
+                     for p in params)
+    comm, rest = names[0], ", ".join(names[1:])
+    source = (f"def call({head}):\n"
+              f"    clock = {comm} if type({comm}) is Comm else clock_of({comm})\n"
+              f"    if clock is None or not clock.tracing:\n"
+              f"        return collective({', '.join(names)})\n"
+              f"    return spanned({comm}, clock, ({rest + ',' if rest else ''}))\n")
+    namespace = {"Comm": Comm, "clock_of": clock_of, "collective": collective,
+                 "spanned": spanned, **defaults}
+    exec(source, namespace)
+    return namespace["call"]
