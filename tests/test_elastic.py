@@ -18,6 +18,13 @@ stated rule, the data cursor as the running sum of the global batches. Against i
 - with a detector (a timeout, inside training), a stalled but live worker is suspected, fenced
   out by the new epoch, its late gradient refused and counted, and the replay still holds; a
   detector that never fires changes nothing, bit for bit;
+- with a store, a fenced rank whose leader died before refusing it reads its fate from the
+  store and stops (a deterministic case, a 40-seed probe of stalls and leader crashes that
+  deadlocked 8 times before the store read); a leader dying before it commits leaves the
+  suspect a member; a spare is never stopped by the store's members;
+- on real threads and processes, the detector inside training (1 s timeout, 4 s stall): the
+  stalled rank (and any healthy rank a loaded machine made look silent) stops fenced, the
+  survivors agree and the run ends — outcomes only, no timing;
 - bad input fails with an error that names the argument.
 """
 from __future__ import annotations
@@ -763,6 +770,32 @@ def test_random_stalls_never_hang_and_the_replay_holds(seed):
     for rank in suspected:
         assert "fenced out" in result.values[rank]["outcome"]
 
+
+# --- the detector inside training on real engines -----------------------------------------------
+# Wall-clock time: a step takes milliseconds, the timeout is 1 s and rank 2 sleeps 4 s. Outcomes
+# only, never timing: on a loaded machine a healthy rank may be suspected too, and then it must
+# be fenced like the stalled one, with the survivors still agreeing.
+
+@pytest.mark.parametrize("engine, store, crashes", [
+    ("processes", 5, {}), ("threads", None, {}),
+    ("processes", 5, {0: ("rendezvous", 1)}),      # the leader dies after committing: the store
+])
+def test_the_detector_inside_training_on_a_real_engine(engine, store, crashes):
+    world = 6 if store else 5
+    result = elastic(world, engine=engine, store=store, stalls={2: (3, 4.0)}, crashes=crashes,
+                     detector={"clock": 4, "timeout": 1.0})
+    assert set(result.failed) <= set(crashes)                  # the run ended; no one else died
+    outcome = check_run(result)                                # survivors agree; replay holds
+    stopped = {r for r in (1, 2, 3) if result.values[r]["status"] == "stopped"}
+    assert 2 in stopped and all("fenced out" in result.values[r]["outcome"] for r in stopped)
+    assert outcome["ranks"] == sorted({0, 1, 2, 3} - stopped - set(result.failed))
+    if not result.failed:
+        leader = result.values[0]
+        assert set(leader["suspected"]) == stopped and leader["refused"] == len(stopped)
+    assert result.values[4]["status"] == "clock"               # the clock was let go
+    if store:
+        assert all(result.values[r]["fence_verdict"] == "refused" for r in stopped)
+        assert result.values[store]["members"] == outcome["ranks"]
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(detector={"clock": 1, "timeout": 0.1}, members=[0, 1, 2]),
