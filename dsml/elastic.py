@@ -762,6 +762,8 @@ def watched_gather(self, total, sizes):
         try:
             src, message = yield comm.recv_any(GRAD_TAG)
         except PeerFailed as failure:
+            if failure.rank not in self.members:  # a spare: left to the rendezvous, as gather
+                continue
             if failure.rank not in self.dead:
                 yield from self.noticed(failure.rank)
             if failure.rank in waiting:

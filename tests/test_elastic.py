@@ -21,7 +21,8 @@ stated rule, the data cursor as the running sum of the global batches. Against i
 - with a store, a fenced rank whose leader died before refusing it reads its fate from the
   store and stops (a deterministic case, a 40-seed probe of stalls and leader crashes that
   deadlocked 8 times before the store read); a leader dying before it commits leaves the
-  suspect a member; a spare is never stopped by the store's members;
+  suspect a member; a spare is never stopped by the store's members; a spare's failure the
+  watching leader hears of does not make it skip the join rendezvous its workers go to;
 - on real threads and processes, the detector inside training (1 s timeout, 4 s stall): the
   stalled rank (and any healthy rank a loaded machine made look silent) stops fenced, the
   survivors agree and the run ends — outcomes only, no timing;
@@ -769,6 +770,19 @@ def test_random_stalls_never_hang_and_the_replay_holds(seed):
     assert result.values[0]["refused"] == len(suspected)
     for rank in suspected:
         assert "fenced out" in result.values[rank]["outcome"]
+
+
+@pytest.mark.parametrize("store", [None, 5])
+def test_a_spare_failing_while_the_leader_watches_leaves_the_views_alike(store):
+    """Spare 3, due at step 3, fails right after sending its join report. The watching leader
+    hears of it through its receive from any rank; had it counted the spare dead there, it
+    would skip the join rendezvous its workers go to, suspect them all and wait for gradients
+    they never send (a deadlock before). It leaves the spare to the rendezvous, as gather."""
+    result = watched(6 if store else 5, clock=4, store=store, joins={3: 3},
+                     crashes={3: ("rendezvous", 1)})
+    outcome = check_run(result)
+    assert sorted(result.failed) == [3] and outcome["ranks"] == [0, 1, 2]
+    assert set(result.values[0]["suspected"]) <= {3}          # the dead spare, at most
 
 
 # --- the detector inside training on real engines -----------------------------------------------
