@@ -175,8 +175,9 @@ def membership_store(comm, clients, members):
     changes them only by compare-and-set: ("cas", generation seen, members) succeeds when the
     generation is still the one seen, and moves it on by one; otherwise it is refused. A
     ("read",) changes nothing. Every request is answered (verdict, generation, members). It
-    serves `clients` until each has said ("bye",) or failed, and returns {"generation", "members", "log": [(generation,
-    members, proposer)], "refused": [(proposer, generation seen, generation held)]}."""
+    serves `clients` until each has said ("bye",) or failed, and returns {"generation",
+    "members", "log": [(generation, members, proposer)], "refused": [(proposer, generation
+    seen, generation held)]}."""
     generation, members = 0, list(members)
     log, refused, gone = [(0, list(members), None)], [], set()
     while not set(clients) <= gone:            # a failed non-client counts for nothing
@@ -855,9 +856,10 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
     heartbeat timeout adds to each detected failure. `store`: a rank that runs the membership
-    store (membership_store) instead of training. `detector` = {"clock": rank, "timeout": s}
-    (off by default) has the leader suspect a worker silent for longer than the timeout in a
-    step, and fence it out (watched_gather); `stalls` = {rank: (step, s)} makes a live rank
+    store (membership_store) instead of training; the others read it before each rendezvous
+    attempt (fenced_by_store). `detector` = {"clock": rank, "timeout": s} (off by default) has
+    the leader suspect a worker silent for longer than the timeout in a step, and fence it out
+    (watched_gather: with a store, even if the leader dies first); `stalls` = {rank: (step, s)} makes a live rank
     pause before that step's gradient. Returns a dict (see ElasticRank.run)."""
     detector, members = check_detector(comm, detector, members, joins, store)
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,
