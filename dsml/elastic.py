@@ -61,7 +61,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
 
 
 # -- cell 110
-CRASH_POINTS = ("step", "reply", "rendezvous")
+CRASH_POINTS = ("step", "reply", "rendezvous", "commit")
 
 
 def check_crashes(crashes, world_size: int) -> dict:
@@ -70,7 +70,8 @@ def check_crashes(crashes, world_size: int) -> dict:
     leader: after sending the step's result to the more junior half of the workers) or
     "rendezvous" (in the rendezvous that makes epoch `number`: a worker after sending its
     report, a leader after sending the new membership to the first half — in the final
-    rendezvous, before its first message: see CrashingRank)."""
+    rendezvous, before its first message: see CrashingRank) or "commit" (a leader, just
+    before it commits the membership of epoch `number`)."""
     crashes = dict(crashes or {})
     for rank, spec in crashes.items():
         if not 0 <= rank < world_size:
@@ -172,10 +173,11 @@ def joiners_due(self, step: int) -> list:
 def membership_store(comm, clients, members):
     """Rank program: the membership store. It holds the membership and its generation and
     changes them only by compare-and-set: ("cas", generation seen, members) succeeds when the
-    generation is still the one seen, and moves it on by one; otherwise it is refused. Every
-    request is answered (verdict, generation, members). It serves `clients` until each has
-    said ("bye",) or failed, and returns {"generation", "members", "log": [(generation,
-    members, proposer)], "refused": [(proposer, generation seen, generation held)]}."""
+    generation is still the one seen, and moves it on by one; otherwise it is refused. A
+    ("read",) changes nothing. Every request is answered (verdict, generation, members). It
+    serves `clients` until each has said ("bye",) or failed, and returns {"generation",
+    "members", "log": [(generation, members, proposer)], "refused": [(proposer, generation
+    seen, generation held)]}."""
     generation, members = 0, list(members)
     log, refused, gone = [(0, list(members), None)], [], set()
     while not set(clients) <= gone:            # a failed non-client counts for nothing
@@ -183,6 +185,9 @@ def membership_store(comm, clients, members):
         if got is None:
             continue
         src, request = got
+        if request[0] == "read":
+            yield comm.send(src, ("ok", generation, members), tag=STORE_TAG)
+            continue
         verdict = "ok" if request[1] == generation else "refused"
         if verdict == "ok":
             generation, members = generation + 1, list(request[2])
@@ -220,6 +225,13 @@ def propose(comm, store, members, seen: int):
         if verdict == "ok":
             return generation
         seen = generation
+
+
+def read_store(comm, store):
+    """(generation, members) as the membership store at rank `store` holds them now."""
+    yield comm.send(store, ("read",), tag=STORE_TAG)
+    _, generation, members = yield comm.recv(store, tag=STORE_TAG)
+    return generation, members
 
 
 # -- cell 115
@@ -295,9 +307,10 @@ def train_step(self):
     gather = self.gather if self.detector is None else self.watched_gather
     failed = yield from gather(total, sizes)
     workers = [w for w in self.members[1:] if w not in failed]
-    if failed:
+    if failed:                  # suspects are not named until a decision commits them
+        dead = sorted(self.dead - set(self.suspected))
         for worker in workers:
-            yield comm.send(worker, ("rendezvous", sorted(self.dead)), tag=DOWN)
+            yield comm.send(worker, ("rendezvous", dead), tag=DOWN)
         return "failure"
     yield from self.send_step(workers, total, sizes)
     self.apply(total, sizes)
@@ -359,9 +372,12 @@ def report(self, reason: str) -> dict:
 def rendezvous(self, reason: str):
     """Agree on a new membership with the others. Send a report to the most senior live rank
     and wait for its decision; if that rank is dead, try the next; if it is this rank, lead.
-    Returns "go on", or "done" (training is over), or "stopped: <why>"."""
+    With a store, first read it (fenced_by_store). Returns "go on", "done" or "stopped: why"."""
     comm = self.comm
     while True:
+        stopped = yield from self.fenced_by_store()
+        if stopped:
+            return stopped
         leader = self.candidate()
         if leader == self.me:
             outcome = yield from self.lead_rendezvous(reason)
@@ -663,6 +679,11 @@ class CrashingRank(ElasticRank):
             messages = crash_after(messages, half, self.why)
         yield from messages
 
+    def commit(self, members, seen):
+        if (self.point, self.number) == ("commit", seen + 1):
+            raise InjectedCrash(self.why)
+        return (yield from super().commit(members, seen))
+
 
 # -- cell 128
 GRAD_TAG, CLOCK_TAG = 73, 74    # watched: epoch-stamped gradients and wake-ups; clock requests
@@ -731,8 +752,8 @@ def watched_gather(self, total, sizes):
     worker silent for more than the timeout in this step is suspected — dead or only slow,
     the leader cannot tell — and counted failed: the rendezvous then commits a membership
     without it under a new epoch. A gradient stamped with an old epoch is refused (counted)
-    and its sender told it was fenced out. Left out: if this leader fails between suspecting
-    a rank and refusing it, the fenced rank waits on (the simulator reports the deadlock)."""
+    and its sender told it was fenced out. If this leader fails before refusing it, the
+    fenced rank learns its fate from the store (fenced_by_store); without one it waits on."""
     comm, clock = self.comm, self.detector["clock"]
     start, waiting, got, failed = (yield comm.now()), set(self.members[1:]), {}, []
     while waiting:
@@ -742,6 +763,8 @@ def watched_gather(self, total, sizes):
         try:
             src, message = yield comm.recv_any(GRAD_TAG)
         except PeerFailed as failure:
+            if failure.rank not in self.members:  # a spare: left to the rendezvous, as gather
+                continue
             if failure.rank not in self.dead:
                 yield from self.noticed(failure.rank)
             if failure.rank in waiting:
@@ -788,6 +811,25 @@ def fence_untold(self):
 
 
 @add_to_class(ElasticRank)
+def fenced_by_store(self):
+    """A rank's fate comes from the store, not from a leader that may have died since: a
+    generation past this rank's epoch that leaves it out means it was fenced out (it stops),
+    and ranks of its view left out are dropped for good (count them dead). Spares are not
+    members yet. Returns the stop outcome, or None. Without a store, nothing to read: a rank
+    whose leader died between suspecting it and refusing it still waits, on a leader that
+    will not answer (the simulator reports the deadlock)."""
+    if self.store is None:
+        return None
+    generation, members = yield from read_store(self.comm, self.store)
+    if generation > self.epoch:
+        left_out = (set(self.initial) | set(self.members)) - set(members)
+        if self.me in left_out:
+            return (yield from self.fenced_out(generation))
+        self.dead |= left_out
+    return None
+
+
+@add_to_class(ElasticRank)
 def fenced_out(self, epoch: int):
     """This rank was suspected while alive: the membership went on to `epoch` without it.
     With a store, it tries to write back the membership it knew — refused by compare-and-set,
@@ -814,9 +856,10 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     step in flight is lost). `crashes` = {rank: (point, number)} injects failures (CrashingRank).
     `seconds_per_sample` is simulated compute per sample; `detect_seconds` the delay a
     heartbeat timeout adds to each detected failure. `store`: a rank that runs the membership
-    store (membership_store) instead of training. `detector` = {"clock": rank, "timeout": s}
-    (off by default) has the leader suspect a worker silent for longer than the timeout in a
-    step, and fence it out (watched_gather); `stalls` = {rank: (step, s)} makes a live rank
+    store (membership_store) instead of training; the others read it before each rendezvous
+    attempt (fenced_by_store). `detector` = {"clock": rank, "timeout": s} (off by default) has
+    the leader suspect a worker silent for longer than the timeout in a step, and fence it out
+    (watched_gather: with a store, even if the leader dies first); `stalls` = {rank: (step, s)} makes a live rank
     pause before that step's gradient. Returns a dict (see ElasticRank.run)."""
     detector, members = check_detector(comm, detector, members, joins, store)
     members, joins = check_membership(comm, members, joins, steps, batch, lr, rule, restore,

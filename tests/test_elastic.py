@@ -18,6 +18,14 @@ stated rule, the data cursor as the running sum of the global batches. Against i
 - with a detector (a timeout, inside training), a stalled but live worker is suspected, fenced
   out by the new epoch, its late gradient refused and counted, and the replay still holds; a
   detector that never fires changes nothing, bit for bit;
+- with a store, a fenced rank whose leader died before refusing it reads its fate from the
+  store and stops (a deterministic case, a 40-seed probe of stalls and leader crashes that
+  deadlocked 8 times before the store read); a leader dying before it commits leaves the
+  suspect a member; a spare is never stopped by the store's members; a spare's failure the
+  watching leader hears of does not make it skip the join rendezvous its workers go to;
+- on real threads and processes, the detector inside training (1 s timeout, 4 s stall): the
+  stalled rank (and any healthy rank a loaded machine made look silent) stops fenced, the
+  survivors agree and the run ends — outcomes only, no timing;
 - bad input fails with an error that names the argument.
 """
 from __future__ import annotations
@@ -654,6 +662,76 @@ def test_the_store_refuses_the_fenced_members_stale_view():
     assert store["members"] == [0, 1, 3]
 
 
+# --- the fenced rank learns its fate from the store ---------------------------------------------
+# A leader may die after suspecting a live rank and before refusing its late gradient. The
+# suspect then finds the leader dead and enters a rendezvous; with a store it reads the store
+# first, and stops if the membership went on without it.
+
+@pytest.mark.parametrize("crash", [("rendezvous", 1), ("step", 6), ("reply", 6)])
+@pytest.mark.parametrize("stall", [0.05, 0.5])
+def test_a_fenced_rank_whose_leader_died_stops_on_what_the_store_holds(stall, crash):
+    """Rank 2 stalls at step 5 and is suspected; leader 0 has the store take generation 1
+    without it, then dies: half-way through announcing it (("rendezvous", 1)), or at the
+    start of step 6 or after half of step 6's reply, before rank 2 wakes. Without the store
+    read, rank 2 reported to rank 1, which leads a membership without it and never answers:
+    the simulator found a deadlock. Now rank 2 reads generation 1, finds itself left out,
+    tries its stale compare-and-set (refused) and stops; ranks 1 and 3 finish alike."""
+    result = watched(6, clock=4, store=5, stalls={2: (5, stall)}, crashes={0: crash})
+    outcome = check_run(result)
+    store, slow = result.values[5], result.values[2]
+    assert sorted(result.failed) == [0] and outcome["ranks"] == [1, 3]
+    assert slow["status"] == "stopped" and "fenced out" in slow["outcome"]
+    assert slow["epoch"] == 0 and slow["fence_verdict"] == "refused"
+    assert store["log"][1] == (1, [0, 1, 3], 0)          # taken by the leader before it died
+    assert store["refused"][-1][:2] == (2, 0) and store["members"] == [1, 3]
+    assert all(2 not in h["members"] for h in outcome["history"][6:])
+
+
+@pytest.mark.parametrize("store", [5, None])
+def test_a_leader_dying_before_it_commits_leaves_the_suspect_a_member(store):
+    """Leader 0 suspects rank 2 and dies just before committing (CrashingRank's "commit"):
+    the suspicion never took effect. It was not passed on either (a suspect is named only in
+    the decision that commits it), so the next leader, rank 1, waits for rank 2's report and
+    keeps it: nobody is fenced, with or without a store."""
+    world = 6 if store else 5
+    result = watched(world, clock=4, store=store, stalls={2: (5, 0.05)},
+                     crashes={0: ("commit", 1)})
+    outcome = check_run(result)
+    assert sorted(result.failed) == [0] and outcome["ranks"] == [1, 2, 3]
+    assert outcome["rendezvous"][0]["members"] == [1, 2, 3]
+    if store:
+        assert [m for _, m, _ in result.values[store]["log"]][:2] == [[0, 1, 2, 3], [1, 2, 3]]
+
+
+def test_a_spare_is_not_fenced_by_a_membership_it_has_not_joined():
+    """The store's members leave out a spare until it joins: its reads must not stop it."""
+    result = watched(7, clock=5, store=6, stalls={2: (5, 0.05)}, joins={4: 7},
+                     crashes={0: ("rendezvous", 1)})
+    outcome = check_run(result)
+    assert outcome["ranks"] == [1, 3, 4] and "fenced out" in result.values[2]["outcome"]
+    assert outcome["history"][-1]["members"] == [1, 3, 4]
+
+
+def test_random_stalls_and_leader_crashes_never_hang():
+    """40 seeded runs: one or two workers stall (4 ms, 20 ms or 0.3 s) at a random step, and
+    the leader crashes at a random point. Before the store read, 8 of these 40 deadlocked.
+    Every run must end; a rank stops fenced only if it stalled, and only when the store's
+    members leave it out; the survivors agree and the replay holds."""
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        stalled = rng.choice([1, 2, 3], size=int(rng.integers(1, 3)), replace=False)
+        stalls = {int(r): (int(rng.integers(0, 9)), float(rng.choice([0.004, 0.02, 0.3])))
+                  for r in stalled}
+        crash = (["step", "reply", "rendezvous", "commit"][rng.integers(4)],
+                 int(rng.integers(1, 9)))
+        result = watched(6, clock=4, store=5, stalls=stalls, crashes={0: crash})
+        outcome = check_run(result)
+        fenced = {r for r in (1, 2, 3) if "fenced out" in result.values[r]["outcome"]}
+        assert set(result.failed) <= {0}, (seed, result.failed)    # its point may not come
+        assert fenced <= set(stalls) and not fenced & set(result.values[5]["members"]), seed
+        assert set(outcome["ranks"]) == {0, 1, 2, 3} - fenced - set(result.failed), seed
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(crashes={2: ("step", 7)}),
     dict(crashes={0: ("reply", 5)}, restore="replica"),
@@ -693,6 +771,45 @@ def test_random_stalls_never_hang_and_the_replay_holds(seed):
     for rank in suspected:
         assert "fenced out" in result.values[rank]["outcome"]
 
+
+@pytest.mark.parametrize("store", [None, 5])
+def test_a_spare_failing_while_the_leader_watches_leaves_the_views_alike(store):
+    """Spare 3, due at step 3, fails right after sending its join report. The watching leader
+    hears of it through its receive from any rank; had it counted the spare dead there, it
+    would skip the join rendezvous its workers go to, suspect them all and wait for gradients
+    they never send (a deadlock before). It leaves the spare to the rendezvous, as gather."""
+    result = watched(6 if store else 5, clock=4, store=store, joins={3: 3},
+                     crashes={3: ("rendezvous", 1)})
+    outcome = check_run(result)
+    assert sorted(result.failed) == [3] and outcome["ranks"] == [0, 1, 2]
+    assert set(result.values[0]["suspected"]) <= {3}          # the dead spare, at most
+
+
+# --- the detector inside training on real engines -----------------------------------------------
+# Wall-clock time: a step takes milliseconds, the timeout is 1 s and rank 2 sleeps 4 s. Outcomes
+# only, never timing: on a loaded machine a healthy rank may be suspected too, and then it must
+# be fenced like the stalled one, with the survivors still agreeing.
+
+@pytest.mark.parametrize("engine, store, crashes", [
+    ("processes", 5, {}), ("threads", None, {}),
+    ("processes", 5, {0: ("rendezvous", 1)}),      # the leader dies after committing: the store
+])
+def test_the_detector_inside_training_on_a_real_engine(engine, store, crashes):
+    world = 6 if store else 5
+    result = elastic(world, engine=engine, store=store, stalls={2: (3, 4.0)}, crashes=crashes,
+                     detector={"clock": 4, "timeout": 1.0})
+    assert set(result.failed) <= set(crashes)                  # the run ended; no one else died
+    outcome = check_run(result)                                # survivors agree; replay holds
+    stopped = {r for r in (1, 2, 3) if result.values[r]["status"] == "stopped"}
+    assert 2 in stopped and all("fenced out" in result.values[r]["outcome"] for r in stopped)
+    assert outcome["ranks"] == sorted({0, 1, 2, 3} - stopped - set(result.failed))
+    if not result.failed:
+        leader = result.values[0]
+        assert set(leader["suspected"]) == stopped and leader["refused"] == len(stopped)
+    assert result.values[4]["status"] == "clock"               # the clock was let go
+    if store:
+        assert all(result.values[r]["fence_verdict"] == "refused" for r in stopped)
+        assert result.values[store]["members"] == outcome["ranks"]
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(detector={"clock": 1, "timeout": 0.1}, members=[0, 1, 2]),
