@@ -6,7 +6,7 @@ from dsml.elastic import DOWN, ElasticRank, InjectedCrash, UP, check_membership,
 from dsml.fault import FailureSchedule, young_interval
 
 
-# -- cell 240
+# -- cell 241
 import math
 
 import numpy as np
@@ -52,7 +52,7 @@ def make_compressor(name: str, setting: float, shapes) -> Compressor | None:
     return ErrorFeedback(PowerSGD(shapes, rank=int(setting)))
 
 
-# -- cell 242
+# -- cell 243
 class CapstoneRank(ElasticRank):
     """One rank of the capstone: elastic data parallelism (rendezvous, membership, restore,
     joins and in-memory checkpoints are ElasticRank's) whose step is a membership check
@@ -90,7 +90,7 @@ class CapstoneRank(ElasticRank):
         raise error
 
 
-# -- cell 244
+# -- cell 245
 @add_to_class(CapstoneRank)
 def check_in(self, samples: int, loss_sum: float):
     """The membership check: each worker sends the leader (step, samples, loss sum) and waits
@@ -149,7 +149,7 @@ def exchange_gradient(self, gradient):
     return total
 
 
-# -- cell 245
+# -- cell 246
 @add_to_class(CapstoneRank)
 def ring_exchange(self, group, gradient):
     if self.compressor_name == "none":
@@ -164,7 +164,7 @@ def ring_exchange(self, group, gradient):
     return total
 
 
-# -- cell 247
+# -- cell 248
 @add_to_class(CapstoneRank)
 def train_step(self):
     """One step: local gradient (charged seconds_per_sample × shard × straggler factor),
@@ -203,7 +203,7 @@ def train_step(self):
     return None
 
 
-# -- cell 248
+# -- cell 249
 @add_to_class(CapstoneRank)
 def run_rank(self):
     """ElasticRank's life (join, then steps and rendezvous until done), with every
@@ -238,7 +238,7 @@ def run_rank(self):
             "end": (yield comm.now())}
 
 
-# -- cell 250
+# -- cell 251
 def capstone_train(comm, model, optimizer, X, y, X_test, y_test, steps: int, batch: int,
                    lr: float, members=None, joins=None, failures: FailureSchedule | None = None,
                    compute_factors=None, compressor: str = "topk",
@@ -299,7 +299,7 @@ def run_capstone(world: int, network, model, optimizer, X, y, X_test, y_test, st
                kwargs=settings, trace=trace, max_events=max_events, timeout=timeout)
 
 
-# -- cell 252
+# -- cell 253
 def rank_ledgers(result):
     """Every rank's ledger, end time (s), computed samples and accuracy curve points, from a
     capstone RunResult: a failed rank's ride on its InjectedCrash; idle ranks are left out.
@@ -344,7 +344,7 @@ def committed_step_seconds(ledgers, committed) -> float:
                if category in ("compute", "communication") and (step, epoch) in committed)
 
 
-# -- cell 253
+# -- cell 254
 def capstone_report(result) -> dict:
     """What a capstone run (a RunResult of capstone_train) did, measured from the ranks'
     ledgers. Returns per-rank "breakdown" {category: s} (CATEGORIES), "ends" (s), "spare" (s

@@ -595,7 +595,7 @@ def train(model, optimizer, data, steps: int, *, rng, manager=None, checkpoint_e
     return TrainResult(losses, resumed_from, notes, saved)
 
 
-# -- cell 98
+# -- cell 99
 from dsml.checkpoint_format import (encode_shard, read_shard, read_sharded_manifest, shard_file,
                                     sharded_manifest)
 from dsml.data_parallel import shard_bounds

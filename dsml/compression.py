@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 173
+# -- cell 174
 import math
 import numbers
 import time
@@ -53,7 +53,7 @@ def _buckets(n: int, bucket):
     return [(start, min(start + size, n)) for start in range(0, n, max(size, 1))]
 
 
-# -- cell 174
+# -- cell 175
 def _bucket_sums(values, bucket):
     """The sum (float64) of `values` over each bucket, without a Python loop over buckets."""
     n = len(values)
@@ -107,7 +107,7 @@ class Dense(Compressor):
         return c.arrays["values"].astype(np.float64)
 
 
-# -- cell 175
+# -- cell 176
 class Sign(Compressor):
     """1-bit quantization with scale (Seide et al. 2014; signSGD's sign with a scale): each
     element becomes its sign, one bit on the wire (zero counts as +), and each bucket of `bucket`
@@ -132,7 +132,7 @@ class Sign(Compressor):
         return signs * _per_element(c.arrays["scales"].astype(np.float64), c.n, self.bucket)
 
 
-# -- cell 177
+# -- cell 178
 def qsgd(x, levels: int, rng, bucket: int | None = None):
     """QSGD (Alistarh et al. 2017) with s = `levels` levels, returned dequantized (float64, the
     shape of x). In each bucket v (of `bucket` elements; the whole vector if None) element i
@@ -189,7 +189,7 @@ def qsgd_variance_bound(x, levels: int, bucket: int | None = None) -> float:
     return total
 
 
-# -- cell 178
+# -- cell 179
 class QSGD(Compressor):
     """QSGD as a compressor: per element a signed level in −s..s (int8 for s ≤ 127, else int16;
     packing to 1 + ⌈log₂(s+1)⌉ bits, or the paper's Elias coding, would shrink it further) and
@@ -211,7 +211,7 @@ class QSGD(Compressor):
         return _qsgd_dequantize(c.arrays["levels"], c.arrays["norms"], self.levels, self.bucket)
 
 
-# -- cell 180
+# -- cell 181
 def _k_of(n: int, k, fraction) -> int:
     if fraction is not None:
         return max(1, math.ceil(fraction * n)) if n else 0
@@ -256,7 +256,7 @@ class TopK(Compressor):
         return out
 
 
-# -- cell 181
+# -- cell 182
 class RandomK(Compressor):
     """Keep k elements chosen uniformly at random without replacement (k given, or
     ⌈fraction·n⌉). `unbiased=False` (the default, as in sparsified SGD with memory, Stich et al.
@@ -304,7 +304,7 @@ class RandomK(Compressor):
         return out
 
 
-# -- cell 183
+# -- cell 184
 class ErrorFeedback(Compressor):
     """Error feedback (1-bit SGD, Seide et al. 2014; EF-SGD, Karimireddy et al. 2019) around ANY
     compressor: compress x + e instead of x and keep the new residual e ← (x + e) − x̂, so that
@@ -345,7 +345,7 @@ class ErrorFeedback(Compressor):
         return total, mine
 
 
-# -- cell 185
+# -- cell 186
 class MajorityVote(Compressor):
     """signSGD with majority vote (Bernstein et al. 2018), with a scale: each rank sends its signs
     as int8 ±1 and its mean |x| as one fp32. All-reduced as they are, the int8 signs sum to the
@@ -407,7 +407,7 @@ def exchange(self, comm, x, rng=None):
     return total, mine
 
 
-# -- cell 187
+# -- cell 188
 class PowerSGD(Compressor):
     """PowerSGD (Vogels, Karimireddy & Jaggi 2019): each matrix M (rows × cols) of the gradient
     is sent as rank-r factors from one step of power iteration, P = M Q, P̂ = orthonormalize(P),
@@ -468,7 +468,7 @@ class PowerSGD(Compressor):
         return out, flat[at:].astype(np.float64)
 
 
-# -- cell 188
+# -- cell 189
 @add_to_class(PowerSGD)
 def _rows_cols(self):
     rows = [s[0] for s in self.shapes if len(s) == 2]
@@ -516,14 +516,14 @@ def exchange(self, comm, x, rng=None):
     return total, mine
 
 
-# -- cell 189
+# -- cell 190
 def _concat_f32(arrays):
     if not arrays:
         return np.zeros(0, dtype=WIRE_FLOAT)
     return np.concatenate([np.ravel(a) for a in arrays]).astype(WIRE_FLOAT)
 
 
-# -- cell 191
+# -- cell 192
 def dgc_density(step: int, warmup_steps: int = 0, density: float = 0.001, stages: int = 4):
     """The fraction of a gradient DGC sends at `step` (0-based): during the warm-up of
     `warmup_steps` steps, split into `stages` equal stages, 25 %, 6.25 %, 1.5625 %, … (a quarter
@@ -551,7 +551,7 @@ def _largest(magnitudes, k: int):
     return np.sort(np.argpartition(magnitudes, n - k)[n - k:])
 
 
-# -- cell 192
+# -- cell 193
 class DGC(TopK):
     """Deep Gradient Compression (Lin et al. 2018) for ONE rank: top-k of an accumulated vector
     (k = ⌈density·n⌉, the density ramping down over `warmup_steps`, see dgc_density), fp32
@@ -603,7 +603,7 @@ class DGC(TopK):
         return c
 
 
-# -- cell 194
+# -- cell 195
 def compressed_data_parallel_sgd(comm, model, optimizer, X, y, batches, compressor: Compressor,
                                  seed: int = 0, loss: str = "cross_entropy"):
     """Rank program body (`yield from` it): week 3's synchronous data-parallel SGD with the
@@ -639,7 +639,7 @@ def trace_bytes_sent(trace) -> int:
     return int(sum(r.nbytes for r in trace if r.op in ("send", "sendrecv")))
 
 
-# -- cell 196
+# -- cell 197
 def looped_data_parallel_sgd(model, optimizer, X, y, batches, compressors, seed: int = 0,
                              loss: str = "cross_entropy"):
     """The same arithmetic as compressed_data_parallel_sgd with an all-gathered compressor, with
@@ -676,7 +676,7 @@ def looped_data_parallel_sgd(model, optimizer, X, y, batches, compressors, seed:
     return wire_bytes
 
 
-# -- cell 198
+# -- cell 199
 COLLECTIVES = ("allreduce", "allgather")
 
 
@@ -730,7 +730,7 @@ def time_compressor(compressor: Compressor, x, rng=None, repeats: int = 3):
     return best_c, best_d
 
 
-# -- cell 199
+# -- cell 200
 def overlapped_step_time(backward_seconds: float, bucket_comm_seconds, codec_seconds: float = 0.0):
     """Seconds from the start of backward to the last bucket's exchange finished, with the
     exchange overlapped with backward as DDP does (week 3): backward fills the buckets in order

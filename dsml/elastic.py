@@ -1,7 +1,7 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 109
+# -- cell 110
 import copy
 import zlib
 
@@ -60,7 +60,7 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
     return batch * members, lr * members / initial_members
 
 
-# -- cell 110
+# -- cell 111
 CRASH_POINTS = ("step", "reply", "rendezvous", "commit")
 
 
@@ -96,7 +96,7 @@ def state_checksum(state) -> int:
     return crc
 
 
-# -- cell 112
+# -- cell 113
 class ElasticRank:
     """One rank of elastic data-parallel SGD (see elastic_train). Holds the live state (model,
     optimizer, step, data cursor, history of committed steps, log of rendezvous), an in-memory
@@ -153,7 +153,7 @@ class ElasticRank:
             yield self.comm.compute(self.detect)
 
 
-# -- cell 113
+# -- cell 114
 @add_to_class(ElasticRank)
 def candidate(self) -> int:
     """The most senior rank not known dead that this rank can see: its members (a member),
@@ -213,7 +213,7 @@ def next_request(comm, tag: int, gone: set):
     return src, request
 
 
-# -- cell 114
+# -- cell 115
 def propose(comm, store, members, seen: int):
     """Have the membership store at rank `store` take `members` on top of generation `seen`;
     returns the generation it took them under. A refusal means someone moved the generation
@@ -234,7 +234,7 @@ def read_store(comm, store):
     return generation, members
 
 
-# -- cell 115
+# -- cell 116
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -276,7 +276,7 @@ def apply(self, total, sizes) -> None:
         self.checkpoint = snapshot(self.state())
 
 
-# -- cell 116
+# -- cell 117
 @add_to_class(ElasticRank)
 def train_step(self):
     """One synchronous step as a star through the leader: workers send their gradient sums
@@ -337,7 +337,7 @@ def gather(self, total, sizes):
     return failed
 
 
-# -- cell 117
+# -- cell 118
 @add_to_class(ElasticRank)
 def send_gradient(self, leader: int, samples: int, vector):
     if self.detector is None:
@@ -355,7 +355,7 @@ def send_step(self, workers, total, sizes):
         yield self.comm.send(worker, message, tag=DOWN)
 
 
-# -- cell 119
+# -- cell 120
 @add_to_class(ElasticRank)
 def report(self, reason: str) -> dict:
     """What a rank tells the leader in a rendezvous: where it is and what it holds."""
@@ -416,7 +416,7 @@ def adopt(self, decision) -> str:
     return "done" if done else "go on"
 
 
-# -- cell 121
+# -- cell 122
 @add_to_class(ElasticRank)
 def collect_reports(self, reason: str):
     """The leader's first phase: reports from the members it knows (a dead one raises
@@ -443,7 +443,7 @@ def collect_reports(self, reason: str):
     return reports, failure
 
 
-# -- cell 122
+# -- cell 123
 @add_to_class(ElasticRank)
 def choose_state(self, reports: dict, failure: bool):
     """The second phase: the state to resume from — the latest checkpoint after a failure
@@ -482,7 +482,7 @@ def choose_state(self, reports: dict, failure: bool):
     return kind, chosen, has_it, holders, state, failure
 
 
-# -- cell 123
+# -- cell 124
 @add_to_class(ElasticRank)
 def announce(self, epoch: int, decisions):
     """Send each rank of the new membership (epoch `epoch`) its decision, in order."""
@@ -534,7 +534,7 @@ def lead_rendezvous(self, reason: str):
     return "go on"
 
 
-# -- cell 124
+# -- cell 125
 @add_to_class(ElasticRank)
 def expect_report(self, rank, message) -> dict:
     if not (isinstance(message, tuple) and message[0] == "report"):
@@ -570,7 +570,7 @@ def commit(self, members, seen: int):
     return (yield from propose(self.comm, self.store, members, seen))
 
 
-# -- cell 126
+# -- cell 127
 @add_to_class(ElasticRank)
 def run_rank(self):
     """The rank's whole life: join (a spare), then steps and rendezvous until done."""
@@ -624,7 +624,7 @@ def check_membership(comm, members, joins, steps, batch, lr, rule, restore,
     return members, joins
 
 
-# -- cell 127
+# -- cell 128
 def crash_after(messages, after: int, why: str):
     """Run the sends of `messages` (a generator) and fail once `after` of them are done — or at
     its end, if it sends fewer."""
@@ -685,7 +685,7 @@ class CrashingRank(ElasticRank):
         return (yield from super().commit(members, seen))
 
 
-# -- cell 128
+# -- cell 129
 GRAD_TAG, CLOCK_TAG = 73, 74    # watched: epoch-stamped gradients and wake-ups; clock requests
 
 
@@ -738,7 +738,7 @@ def elastic_clock(comm, clients, every: float):
     return {"status": "clock", "wakeups": sent}
 
 
-# -- cell 129
+# -- cell 130
 @add_to_class(ElasticRank)
 def stall_if_due(self):
     if self.stall is not None and self.stall[0] == self.step:
@@ -791,7 +791,7 @@ def watched_gather(self, total, sizes):
     return failed
 
 
-# -- cell 130
+# -- cell 131
 @add_to_class(ElasticRank)
 def refuse(self, rank):
     self.refused += 1
@@ -840,7 +840,7 @@ def fenced_out(self, epoch: int):
     return f"stopped: fenced out (suspected while alive; the membership is at epoch {epoch})"
 
 
-# -- cell 131
+# -- cell 132
 def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: float,
                   members=None, joins=None, rule: str = "global", restore: str = "checkpoint",
                   checkpoint_every: int = 4, crashes=None, seconds_per_sample: float = 0.0,
@@ -892,7 +892,7 @@ def elastic_train(comm, model, optimizer, X, y, steps: int, batch: int, lr: floa
     return result
 
 
-# -- cell 133
+# -- cell 134
 def elastic_outcome(result) -> dict:
     """The outcome of a run of elastic_train (a RunResult): the finished ranks, their (identical)
     parameters, the history of committed steps and the rendezvous log. Raises TrainingLost,
@@ -930,7 +930,7 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
     return losses
 
 
-# -- cell 157
+# -- cell 158
 import multiprocessing
 import os
 import signal
@@ -990,7 +990,7 @@ def fail_now(comm, how: str, why: str):
     raise error
 
 
-# -- cell 158
+# -- cell 159
 def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
     """Rank program: the failure detector and membership. It takes the next message from
     anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank

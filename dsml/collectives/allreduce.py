@@ -99,6 +99,7 @@ def allreduce_halving_doubling(comm, data, ufunc, order="far_first"):
     return result
 
 
+# -- cell 34
 def allgather_doubling_blocks(comm, mine, sizes, order="far_first", into=None):
     """Recursive doubling all-gather for p a power of two: each round exchange all blocks
     gathered so far with rank r XOR mask, the halving's masks reversed (`into`: as the ring's)."""

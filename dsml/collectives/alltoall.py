@@ -4,7 +4,7 @@
 from dsml.collectives.buffers import COLLECTIVE_TAG, copy
 
 
-# -- cell 35
+# -- cell 36
 def alltoall(comm, blocks):
     """Pairwise exchange: `blocks[j]` goes to rank j; returns the list whose entry j came
     from rank j. In step s rank r sends to r + s and receives from r − s: p − 1 steps, no

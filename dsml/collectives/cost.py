@@ -9,7 +9,7 @@ from dsml.collectives.reduce import REDUCE_ALGORITHMS
 from dsml.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS
 
 
-# -- cell 37
+# -- cell 38
 import math
 
 COLLECTIVE_ALGORITHMS = {
@@ -62,7 +62,7 @@ def cost(op: str, algorithm: str, p: int, nbytes: float, alpha: float, beta: flo
     return table[(op, algorithm)]
 
 
-# -- cell 38
+# -- cell 39
 def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
                    gamma: float = 0.0) -> str:
     """The algorithm with the smallest closed-form cost (ties: the first listed), as MPI
@@ -74,7 +74,7 @@ def best_algorithm(op: str, p: int, nbytes: float, alpha: float, beta: float,
     return min(times, key=times.get)
 
 
-# -- cell 57
+# -- cell 58
 # busbw / algbw per collective (nccl-tests' doc/PERFORMANCE.md): the share of the size S that an
 # optimal algorithm pushes through each rank's port.
 BUSBW_FACTORS = {"allreduce": "2(p-1)/p", "allgather": "(p-1)/p", "reduce_scatter": "(p-1)/p",

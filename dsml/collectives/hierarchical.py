@@ -9,7 +9,7 @@ from dsml.collectives.reduce import reduce
 from dsml.collectives.reduce_scatter import reduce_scatter
 
 
-# -- cell 60
+# -- cell 61
 import numpy as np
 
 

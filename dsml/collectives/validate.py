@@ -4,7 +4,7 @@
 from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
 
 
-# -- cell 75
+# -- cell 76
 import os
 from typing import NamedTuple
 
@@ -60,7 +60,7 @@ def slowest_rank(values) -> list:
     return [max(per_rank[i] for per_rank in values) for i in range(len(values[0]))]
 
 
-# -- cell 76
+# -- cell 77
 def available_cores() -> int:
     """The CPUs this process may run on: up to this many ranks each get a core of their own."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -102,7 +102,7 @@ def predicted_allreduce(p: int, nbytes: int, network, algorithm: str = "ring",
     return max(simulate(program, p, network, trace=False).values)
 
 
-# -- cell 77
+# -- cell 78
 class Validation(NamedTuple):
     """One validated run: measured and predicted seconds per all-reduce."""
     algorithm: str

@@ -1,7 +1,7 @@
 """Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
 
-# -- cell 71
+# -- cell 72
 import time
 
 import numpy as np
@@ -45,7 +45,7 @@ def measure(program, p, args, repeats: int = 3, engine: str = "processes", stati
                             for _ in range(repeats)]))
 
 
-# -- cell 72
+# -- cell 73
 def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
     """γ of this machine: the fastest of `repeats` in-place np.add of two float64 vectors of
     `nbytes` each — the reduction a combine stands for — per byte."""
