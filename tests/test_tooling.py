@@ -172,3 +172,12 @@ def test_committed_generated_modules_match_a_fresh_export() -> None:
 @pytest.mark.parametrize("path", nbtools.course_notebooks(ROOT), ids=lambda p: p.name)
 def test_committed_notebook_is_clean(path: Path) -> None:
     assert nbtools.problems(path) == [], "run `make clean-notebooks`"
+
+
+@pytest.mark.parametrize("path", nbtools.course_notebooks(ROOT), ids=lambda p: p.name)
+def test_no_code_cell_over_sixty_lines(path: Path) -> None:
+    # STYLE.md, "Pace": a learner reads a cell at a time; longer code belongs in the library.
+    nb = nbformat.read(path, as_version=4)
+    long = [(i, len(c.source.splitlines())) for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and len(c.source.splitlines()) > 60]
+    assert long == [], f"{path.name}: code cells over 60 lines (index, lines): {long}"
