@@ -523,6 +523,44 @@ def test_a_kill_during_a_re_save_never_loses_the_step(call, when, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005", "step_00000006"]
 
 
+KILLED_ASYNC = """
+import os, sys, threading
+sys.path.insert(0, {tests!r})
+import dsml.checkpoint as checkpoint
+from test_checkpoint import EVERY, NOISE, STEPS, fresh
+manager = checkpoint.CheckpointManager({directory!r}, keep_last=3)
+real = checkpoint.os.replace
+def die_in_the_writer(*args):
+    if threading.current_thread().name == "checkpoint step {step}":
+        os._exit(9)                  # the process dies while its background write is under way
+    return real(*args)
+checkpoint.os.replace = die_in_the_writer
+model, optimizer, rng, data = fresh("adam")
+checkpoint.train(model, optimizer, data, STEPS, rng=rng, manager=manager, checkpoint_every=EVERY,
+                 input_noise=NOISE, asynchronous=True)
+"""
+
+
+def test_a_kill_during_an_asynchronous_write_resumes_from_the_checkpoint_before(tmp_path):
+    # train() waits for the writer before a SimulatedCrash; a real crash does not: here the
+    # whole process dies inside the background write of step 9, while training runs on.
+    import subprocess
+    import sys
+    script = KILLED_ASYNC.format(tests=str(Path(__file__).parent), directory=str(tmp_path),
+                                 step=3 * EVERY)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert finished.returncode == 9, finished.stderr.decode()[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == \
+        ["step_00000003", "step_00000006"]
+    assert any(p.name.startswith(".") for p in tmp_path.iterdir())    # step 9's half write
+    state, notes = CheckpointManager(tmp_path).latest()
+    assert state.step == 2 * EVERY and notes == []
+    objects, result, _ = run("adam", tmp_path)            # a restarted process resumes
+    assert result.resumed_from == 2 * EVERY
+    assert_same_as_reference("adam", objects, result)
+
+
 def test_leftovers_of_killed_saves_are_removed_by_the_next_save(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, *fresh())
