@@ -164,6 +164,9 @@ class RemoteFailure(Exception):
     its one-line summary."""
 
 
+NOT_ARRIVED = object()     # early_payload: nothing stashed for that (source, tag)
+
+
 class MatchingTransport:
     """Receive side shared by the real transports: take messages from `_next` until one with
     the wanted (source, tag) arrives; keep the others, in arrival order, for later receives.
@@ -187,14 +190,22 @@ class MatchingTransport:
         self.started = None       # perf_counter time of the common start (set by drive)
         self.unnotified = set()   # failed ranks that no receive from any source has reported
 
-    def recv(self, src, tag):
-        key = (src, tag)
-        stash = self.early.get(key)
-        if stash:
-            self.unstashed(1)
-            return stash.popleft()
+    def early_payload(self, src, tag):
+        """What arrived early for (src, tag), else NOT_ARRIVED; PeerGone if `src` has failed
+        and nothing of it is left. The start of every transport's receive."""
+        if self.held:
+            stash = self.early.get((src, tag))
+            if stash:
+                self.unstashed(1)
+                return stash.popleft()
         if src in self.failed:
             raise PeerGone(src, self.failed[src])
+        return NOT_ARRIVED
+
+    def recv(self, src, tag):
+        early = self.early_payload(src, tag)
+        if early is not NOT_ARRIVED:
+            return early
         status, rank = self.status, self.rank
         status.set(rank, RECEIVING, src, tag)
         while True:

@@ -120,7 +120,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from dsml.comm.api import RankError, RunResult
-from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, RECEIVING, RUNNING,
+from dsml.comm.driver import (CHECK_EVERY, DONE, FAILED, NOT_ARRIVED, RECEIVING, RUNNING,
                               MatchingTransport, PeerGone, RankDied, RemoteFailure, Status,
                               STATUS_FIELDS, check_all_received, check_timeout, deadline_of,
                               describe_exception, drive, hopeless, make_result, rank_failed,
@@ -697,13 +697,9 @@ class PipeTransport(MatchingTransport):
         """MatchingTransport.recv, with the pipe's small-message path inline: a frame that
         arrives whole and alone is decoded straight from what `os.read` returned
         (`decode_whole`); the status record says RECEIVING only once the rank has to wait."""
-        if self.held:
-            stash = self.early.get((src, tag))
-            if stash:
-                self.unstashed(1)
-                return stash.popleft()
-        if src in self.failed:
-            raise PeerGone(src, self.failed[src])
+        early = self.early_payload(src, tag)
+        if early is not NOT_ARRIVED:
+            return early
         cells, at = self.cells, self.state_at
         waiting = False
         while True:
