@@ -191,7 +191,7 @@ def plain_worker(rank, p, sizes, quick, names, slot, pipes, result_conn):
     it writes into its slots again."""
     from multiprocessing import shared_memory
 
-    from dsml.comm.processes import keep_freed_memory
+    from dsml.comm.rank_process import keep_freed_memory
     keep_freed_memory()       # the malloc setting dsml's ranks use: results reuse freed memory
     right, left = (rank + 1) % p, (rank - 1) % p
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
                         help="dsml-mpi: the all-reduce algorithms to time (default all; the "
                              "ring is always timed, for the first table)")
-    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS,
+    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS + ("auto",),
                         help="the algorithm of the dsml column (default ring; MPI picks its own)")
     parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
     # worker modes (started by this script)
