@@ -181,8 +181,8 @@ def test_validate_refuses_sizes_that_are_not_whole_float64_vectors():
 def test_dsml_calibrate_writes_a_file_the_simulator_loads(tmp_path, capsys):
     path = tmp_path / "net.json"
     # 16 MiB copies take milliseconds, far above the noise of small messages, so β > 0
-    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "16M", "-f",
-                     "16", "--repeats", "1", "--round-trips", "2"]) == 0
+    assert cli.main(["calibrate", "--engine", "threads", "--output", str(path), "-e", "16M",
+                     "-f", "16", "--repeats", "1", "--round-trips", "2"]) == 0
     out = capsys.readouterr().out
     assert f"# wrote {path}" in out
     record = load_measurement(path)
@@ -196,7 +196,7 @@ def test_dsml_calibrate_writes_nothing_when_the_fit_finds_no_bandwidth(tmp_path,
                                                                        monkeypatch):
     monkeypatch.setattr("dsml.comm.calibrate.fit_alpha_beta", lambda sizes, times: (4e-5, 0.0))
     path = tmp_path / "net.json"
-    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "64",
+    assert cli.main(["calibrate", "--engine", "threads", "--output", str(path), "-e", "64",
                      "--repeats", "1", "--round-trips", "1"]) == 2
     assert "nothing written" in capsys.readouterr().err and not path.exists()
 

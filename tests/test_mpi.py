@@ -200,7 +200,7 @@ def test_calibrate_then_validate_under_mpiexec(tmp_path):
     """Calibrate MPI's transport in a 2-process job (rank 0 alone writes the file), then
     validate two algorithms with it in a 4-process job: one table, every row a prediction."""
     path = tmp_path / "mpi-network.json"
-    job = launch_cli(2, "calibrate", "--engine", "mpi", "-o", str(path), "-e", "64K",
+    job = launch_cli(2, "calibrate", "--engine", "mpi", "--output", str(path), "-e", "64K",
                      "--repeats", "1", "--round-trips", "2")
     assert job.returncode == 0, job.stderr
     assert job.stdout.count("# wrote ") == 1, job.stdout

@@ -88,7 +88,7 @@ def validate(args) -> int:
     else:
         if args.engine == "mpi" and world_sizes != [2]:
             raise ValueError("calibrating needs a 2-rank job: run `mpiexec -n 2 dsml calibrate "
-                             "--engine mpi -o net.json` first, then pass --network net.json")
+                             "--engine mpi --output net.json` first, then pass --network net.json")
         network, _ = measure_network(args.engine, repeats=args.repeats)
         source = f"calibrated now on {args.engine} (ping-pong 1 B … 4 MiB, np.add)"
     print(f"# dsml validate: all-reduce on engine {args.engine}, world sizes "
@@ -101,8 +101,8 @@ def validate(args) -> int:
               f"cores")
     print("# predicted: the simulator running the same timed loop over that model; "
           "error = predicted / measured - 1 (negative: the model is optimistic)")
-    print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (us)':>14} "
-          f"{'predicted (us)':>15} {'error':>8}")
+    print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (µs)':>14} "
+          f"{'predicted (µs)':>15} {'error':>8}")
 
     def report(row):
         print(f"{row.world_size:>4} {row.algorithm:>19} {row.nbytes:>10} "
