@@ -1,9 +1,14 @@
 """Plumbing (hand-written): the checks every `dsml` command's arguments pass before the
-command starts (counts ≥ 1, sizes that fit in this machine's memory, bounds on world size and
-devices), so that a typo refuses at once instead of running for hours."""
+command starts (counts ≥ 1, size ranges that hold a size, sizes that fit in this machine's
+memory, bounds on world size and devices, an output file that can be written), so that a typo
+refuses at once instead of running for hours."""
 from __future__ import annotations
 
 import os
+
+from dsml.cli.sizes import format_bytes, size_range, typed
+
+VALIDATE_ITEMSIZE = 8              # dsml validate all-reduces float64 vectors
 
 
 def _flag(name: str) -> str:
@@ -40,6 +45,40 @@ def _check_sizes(args, ranks: int) -> None:
                          f"machine has {memory / 1e9:.3g} GB: give a smaller --end")
 
 
+def _check_writable(path, flag: str) -> None:
+    """A file can be written at `path`, as save_network writes it (a file created in its
+    directory, then renamed): checked by creating one and removing it, before any measuring."""
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"cannot write {flag} {path}: it is a directory")
+    if not target.parent.is_dir():
+        raise ValueError(f"cannot write {flag} {path}: directory {target.parent} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".check"):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write {flag} {path}: {error.strerror or error} (creating a "
+                         f"file in {target.parent})") from None
+
+
+def _check_range(args) -> None:
+    """-b, -e, -f of pingpong, calibrate and validate: a range of at least one size (size_range
+    refuses the rest, naming the flags); validate's sizes whole float64 vectors."""
+    sizes = size_range(args.begin, args.end, args.factor)
+    if args.command == "validate":
+        odd = [n for n in sizes if n % VALIDATE_ITEMSIZE]
+        if odd:
+            raise ValueError(f"dsml validate all-reduces float64 vectors: every size must be a "
+                             f"multiple of {VALIDATE_ITEMSIZE} B; -b {typed(args.begin)} -e "
+                             f"{typed(args.end)} -f {args.factor} gives "
+                             f"{', '.join(map(format_bytes, odd[:3]))}"
+                             + (" …" if len(odd) > 3 else ""))
+
+
 def check_arguments(args) -> None:
     """Checks every command shares (counts ≥ 1, sizes that fit in memory) and the bounds
     above; raise ValueError naming the flag, the value and the valid range."""
@@ -53,7 +92,10 @@ def check_arguments(args) -> None:
             raise ValueError(f"--world-size must be in 1..{MAX_BENCH_WORLD_SIZE}, got {p}")
         _check_sizes(args, 4 if p is None else p)
     elif args.command in ARRAY_COPIES:
+        _check_range(args)
         _check_sizes(args, 2)
+    if args.command == "calibrate":
+        _check_writable(args.output, "--output")
     if args.command == "memory" and args.search and args.devices is not None \
             and args.devices > MAX_SEARCH_DEVICES:
         raise ValueError(f"--devices must be at most {MAX_SEARCH_DEVICES:,} for --search, got "
