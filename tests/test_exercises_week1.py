@@ -389,10 +389,34 @@ def test_grade_is_a_small_dataclass():
     assert str(result) == result.line()
 
 
-@pytest.mark.parametrize("bad_id", ["9.9", "1.99", "1.10", "one", 1.1, "1"])
+@pytest.mark.parametrize("bad_id", ["9.9", "1.99", "1.10", "one", "1"])
 def test_unknown_id_lists_known_ids(bad_id):
     with pytest.raises(ValueError, match=r"unknown exercise id .*known ids: 1\.1, 1\.2"):
         grade(bad_id, solution.size_for_fraction)
+
+
+@pytest.mark.parametrize("bad_id, shown", [(1.1, "the float 1.1"), (3, "the int 3"),
+                                           (None, "the NoneType None")])
+def test_an_id_that_is_not_a_string_is_refused_as_such(bad_id, shown):
+    with pytest.raises(ValueError) as refused:
+        grade(bad_id, solution.size_for_fraction)
+    message = str(refused.value)
+    assert message.startswith("an exercise id is a string, such as '")
+    assert f"got {shown}" in message
+    assert "unknown exercise id" not in message      # 1.1 is not listed as if it were known
+    assert "The ids are '1.1', '1.2'" in message
+    if isinstance(bad_id, float):
+        assert "check('1.1', …)" in message
+
+
+@pytest.mark.parametrize("answer, shown", [(1e6, "the float 1000000.0"), (42, "the int 42"),
+                                           ("f", "the str 'f'")])
+def test_an_answer_that_is_not_a_function_is_named_as_such(answer, shown):
+    result = grade("1.1", answer)
+    assert result.status == FAILED
+    assert result.message == (f"check('1.1', …) expects a function (size_for_fraction, defined "
+                              f"with def in the exercise cell); got {shown}")
+    assert "raised" not in result.message
 
 
 def test_unknown_id_error_also_from_check():

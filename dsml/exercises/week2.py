@@ -135,7 +135,10 @@ def _explain_sum(got: np.ndarray, expected: np.ndarray, p: int, rank: int,
 ALLGATHER_CASES = [(3, 4), (5, 2), (2, 3), (6, 1), (1, 3)]      # (p, elements per rank)
 
 
-@checker("2.1", "ring all-gather")
+@checker("2.1", "ring all-gather",
+         builds=("dsml.collectives.allgather.allgather",
+                 "dsml.collectives.allgather.allgather_ring_blocks",
+                 "dsml.collectives.allgather.allgather_bruck_blocks"))
 def check_ring_allgather(ring_allgather):
     rng = np.random.default_rng(2001)
     network = AlphaBeta(alpha=2e-6, beta=1e-9)
@@ -297,7 +300,10 @@ def check_ring_reduce_scatter(ring_reduce_scatter):
 ANY_P_CASES = [3, 6, 7, 5, 4, 1]
 
 
-@checker("2.4", "all-reduce for any number of ranks")
+@checker("2.4", "all-reduce for any number of ranks",
+         builds=("dsml.collectives.allreduce.allreduce",
+                 "dsml.collectives.allreduce.allreduce_recursive_doubling",
+                 "dsml.collectives.allreduce.allreduce_halving_doubling"))
 def check_allreduce_any_p(allreduce_any_p):
     rng = np.random.default_rng(2004)
     # Latency-bound: 5 elements, α ≫ nβ, so the time counts message rounds.
@@ -452,7 +458,7 @@ BUSBW_CASES = [("allreduce", 6, 6 * 2 ** 20), ("allgather", 5, 5 * 2 ** 18),
                ("allreduce", 3, 3 * 2 ** 16)]
 
 
-@checker("2.7", "bus bandwidth")
+@checker("2.7", "bus bandwidth", builds=("dsml.collectives.cost.busbw_factor",))
 def check_bus_bandwidth(bus_bandwidth):
     network = AlphaBeta(alpha=5e-6, beta=1 / 12.5e9)
     measured = []

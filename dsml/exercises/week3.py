@@ -141,7 +141,8 @@ def check_linear_backward(linear_backward):
 SOFTMAX_CASES = [(4, 3, 2.0), (1, 5, 1.0), (6, 4, 3.0), (3, 4, 800.0)]
 
 
-@checker("3.2", "softmax cross-entropy gradient")
+@checker("3.2", "softmax cross-entropy gradient",
+         builds=("dsml.train.models.softmax_cross_entropy",))
 def check_softmax_cross_entropy_grad(softmax_cross_entropy_grad):
     rng = np.random.default_rng(3002)
     for batch, classes, scale in SOFTMAX_CASES:

@@ -106,7 +106,7 @@ def _zigzag(seq, cp, rank):
         list(range(second * chunk, (second + 1) * chunk))
 
 
-@checker("5b.2", "the zig-zag split")
+@checker("5b.2", "the zig-zag split", builds=("dsml.context_parallel.zigzag_layout",))
 def check_zigzag_positions(zigzag_positions):
     for seq, cp, rank in ZIGZAG_CASES:
         call = f"zigzag_positions(seq={seq}, cp={cp}, rank={rank})"

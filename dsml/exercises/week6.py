@@ -399,7 +399,8 @@ def qsgd_moments(x, levels) -> tuple[np.ndarray, np.ndarray]:
     return variance, fourth - variance**2
 
 
-@checker("6.7", "QSGD quantization")
+@checker("6.7", "QSGD quantization",
+         builds=("dsml.compression.qsgd", "dsml.compression._qsgd_levels"))
 def check_qsgd_quantize(qsgd_quantize):
     rng = np.random.default_rng(6007)
     for n, levels in ((6, 1), (10, 4), (50, 16)):
