@@ -9,6 +9,7 @@ import math
 import warnings
 
 import numpy as np
+import pytest
 
 import exercise_contract as contract
 from dsml.collectives import allreduce
@@ -839,3 +840,28 @@ def test_examples_in_the_statements_hold():
     assert all(math.isclose(loss, single_loss, rel_tol=1e-12) for loss, _ in values)
     assert all(np.allclose(w, single.params["layer0.weight"], rtol=1e-12, atol=1e-15)
                for _, w in values)
+
+
+# --- exercise 3.2 must be built: the library's own loss is refused ---------------------------
+
+def softmax_grad_from_library(logits, y):
+    from dsml.train import softmax_cross_entropy
+    return softmax_cross_entropy(logits, y)[1]
+
+
+def softmax_grad_from_models(logits, y):
+    import dsml.train.models
+    return dsml.train.models.softmax_cross_entropy(logits, y)[1]
+
+
+@pytest.mark.parametrize("answer", [softmax_grad_from_library, softmax_grad_from_models])
+def test_an_answer_that_calls_the_library_loss_is_refused(answer):
+    import dsml.train
+    import dsml.train.models
+    real = dsml.train.models.softmax_cross_entropy
+    result = grade("3.2", answer)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 3.2 asks you to build this yourself: your code "
+                                     "called dsml.train.models.softmax_cross_entropy")
+    assert dsml.train.softmax_cross_entropy is real is dsml.train.models.softmax_cross_entropy
+    assert grade("3.2", solution.softmax_cross_entropy_grad).passed   # the checker's own use

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import exercise_contract as contract
+from dsml.exercises import grade
 from dsml.exercises.week5b import measured_ring_bytes
 
 solution = contract.solution_module("5b")
@@ -134,3 +135,20 @@ def test_examples_in_the_statements_hold():
     assert sorted(solution.zigzag_positions(8, 2, 1)) == [2, 3, 4, 5]
     assert solution.ring_attention_bytes(1, 8, 2, 2, 8) - 2 * 4 * 2 * 8 > 0   # forward 128 B
     assert 2 * (2 - 1) * (8 // 2) * 2 * 8 == 128
+
+
+# --- exercise 5b.2 must be built: the library's own layout is refused -------------------------
+
+def zigzag_from_library(seq, cp, rank):
+    from dsml.context_parallel import zigzag_layout
+    return zigzag_layout(seq, cp)[rank]
+
+
+def test_an_answer_that_calls_the_library_layout_is_refused():
+    import dsml.context_parallel
+    real = dsml.context_parallel.zigzag_layout
+    result = grade("5b.2", zigzag_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5b.2 asks you to build this yourself: your code "
+                                     "called dsml.context_parallel.zigzag_layout")
+    assert dsml.context_parallel.zigzag_layout is real

@@ -13,6 +13,7 @@ import pytest
 
 import exercise_contract as contract
 from dsml.collectives.cost import cost
+from dsml.exercises import grade
 from dsml.exercises.week6 import job_cases, job_wall_time_reference
 
 solution = contract.solution_module(6)
@@ -474,3 +475,24 @@ def test_examples_in_the_statements_hold():
     assert round(plain * 1e3) == 140 and solution.compression_pays(100e6, 8, 5e-6, 0.8e-9, 32, 2e9)
     assert solution.reshard_plan(10, 4, 3, 1) == [(1, 1, 3), (2, 0, 1)]
     assert math.isclose(solution.choose_timeout(0.01, 1.0, 0.02, 1, math.exp(-2)), 0.05)
+
+
+# --- exercise 6.7 must be built: the library's own quantizer is refused -----------------------
+
+def qsgd_from_library(x, levels, rng):
+    from dsml.compression import qsgd
+    return qsgd(x, levels, rng)
+
+
+def qsgd_from_the_compressor(x, levels, rng):
+    from dsml.compression import QSGD
+    quantizer = QSGD(levels)
+    return quantizer.decompress(quantizer.compress(x, rng))
+
+
+@pytest.mark.parametrize("answer", [qsgd_from_library, qsgd_from_the_compressor])
+def test_an_answer_that_calls_the_library_quantizer_is_refused(answer):
+    result = grade("6.7", answer)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 6.7 asks you to build this yourself: your code "
+                                     "called dsml.compression.")
