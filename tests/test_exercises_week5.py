@@ -10,7 +10,8 @@ import math
 import pytest
 
 import exercise_contract as contract
-from dsml.exercises.week5 import (bubble_cases, bubble_reference, gpt_shapes,
+from dsml.exercises import grade
+from dsml.exercises.week5 import (TP_CASES, bubble_cases, bubble_reference, gpt_shapes,
                                   measured_tp_bytes, one_f_one_b_reference, peak_reference,
                                   zero_reference)
 
@@ -442,3 +443,43 @@ def test_examples_in_the_statements_hold():
     assert solution.fsdp_step_time(*two_layers, False) == 17
     assert solution.fsdp_step_time(*two_layers, True) == 15
     assert solution.zero_step_bytes(1e9, 4, 0, 8) == 3e9
+
+
+# --- 5.1 draws fresh cases: a table of remembered answers does not pass ------------------------
+
+def test_a_table_of_answers_remembered_from_hints_fails_5_1():
+    # Before fresh cases, four tries filled such a table and the fifth passed.
+    from dsml.exercises import fresh_seed
+    for base in contract.FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = contract.learn_from_hints(
+                "5.1", r"tp_mlp_bytes\(batch=(\S+), seq=(\S+), hidden=(\S+), tp=(\S+), "
+                       r"itemsize=(\S+)\)", r"measured (\S+) B")
+        assert not passed
+        # It learned the fixed cases (but t = 1's 0 B, which its default already gives), no more.
+        assert len(table) == sum(tp > 1 for _, _, _, tp, _ in TP_CASES)
+        assert "drawn afresh for this check" in message and " B sent by" not in message
+
+
+def test_fresh_cases_5_1_hold_the_reference_and_refuse_the_named_mistakes():
+    assert contract.passes_for_every_base("5.1", solution.tp_mlp_bytes) == []
+    for right in RIGHT["5.1"]:
+        assert contract.passes_for_every_base("5.1", right) == []
+    for wrong in WRONG["5.1"]:
+        assert contract.fails_for_every_base("5.1", wrong) == [], wrong.__name__
+
+
+def test_fresh_cases_5_1_differ_from_check_to_check_and_repeat_under_a_base():
+    from dsml.exercises import fresh_rng, fresh_seed
+    from dsml.exercises.week5 import fresh_tp_cases
+    seen = []
+    with fresh_seed(7):
+        for _ in range(3):
+            grade("5.1", solution.tp_mlp_bytes)
+            seen.append(fresh_tp_cases(fresh_rng()))
+    assert seen[0] != seen[1] != seen[2]
+    with fresh_seed(7):
+        grade("5.1", solution.tp_mlp_bytes)
+        assert fresh_tp_cases(fresh_rng()) == seen[0]
+    for batch, seq, hidden, tp, itemsize in seen[0]:
+        assert hidden % tp == 0 and 2 <= tp <= 8

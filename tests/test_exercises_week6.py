@@ -496,3 +496,45 @@ def test_an_answer_that_calls_the_library_quantizer_is_refused(answer):
     assert result.status == "failed"
     assert result.message.startswith("exercise 6.7 asks you to build this yourself: your code "
                                      "called dsml.compression.")
+
+
+# --- 6.2 draws fresh cases: a table of remembered answers does not pass ------------------------
+
+def test_a_table_of_answers_remembered_from_hints_fails_6_2():
+    # Before fresh cases, ten tries filled such a table and the next passed.
+    from dsml.exercises import fresh_seed
+    from dsml.exercises.week6 import YOUNG_CASES
+    for base in contract.FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = contract.learn_from_hints(
+                "6.2", r"young_checkpoint_interval\(checkpoint_cost=(\S+), mtbf=(\S+)\)",
+                r"expected (\S+) s")
+        assert not passed
+        assert len(table) == len(YOUNG_CASES)         # it learned the fixed cases, no more
+        assert "drawn afresh for this check" in message and "expected" not in message
+
+
+def test_fresh_cases_6_2_hold_the_reference_and_refuse_the_named_mistakes():
+    assert contract.passes_for_every_base("6.2", solution.young_checkpoint_interval) == []
+    for right in RIGHT["6.2"]:
+        assert contract.passes_for_every_base("6.2", right) == []
+    for wrong in WRONG["6.2"]:
+        assert contract.fails_for_every_base("6.2", wrong) == [], wrong.__name__
+
+
+def test_a_wrong_answer_on_a_fresh_case_is_told_the_inputs_not_the_answer():
+    from dsml.exercises import fresh_rng, fresh_seed
+    from dsml.exercises.week6 import YOUNG_CASES, fresh_young_cases
+
+    def right_only_on_the_fixed_cases(delta, mtbf):
+        exact = math.sqrt(2 * delta * mtbf)
+        return exact if (delta, mtbf) in YOUNG_CASES else 2 * exact
+
+    with fresh_seed(3):
+        result = grade("6.2", right_only_on_the_fixed_cases)
+        delta, mtbf = fresh_young_cases(fresh_rng())[0]
+    assert result.status == "failed"
+    assert result.message.startswith(
+        f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g}) returned ")
+    assert f"{math.sqrt(2 * delta * mtbf):.4g}"[:4] not in result.message.split("returned")[1] \
+        .split(" s,")[1]

@@ -28,7 +28,7 @@ import numpy as np
 from dsml.collectives.allreduce import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 from dsml.memory import (GB, Layout, estimate_step, memory_per_rank, params_per_rank, preset,
                          zero_model_state_bytes)
 from dsml.net.alphabeta import AlphaBeta
@@ -61,9 +61,22 @@ def measured_tp_bytes(batch: int, seq: int, hidden: int, tp: int, itemsize: int)
     return sum(r.nbytes for r in result.trace.of_rank(0) if r.op in ("send", "sendrecv"))
 
 
+def fresh_tp_cases(rng, count: int = 3) -> list:
+    """`count` cases drawn from `rng` (t = 2 … 8, hidden a multiple of t), so that answers
+    remembered from earlier checks do not pass."""
+    cases = []
+    for _ in range(count):
+        tp = int(rng.integers(2, 9))
+        cases.append((int(rng.integers(1, 5)), int(rng.integers(2, 65)),
+                      tp * int(rng.integers(1, 33)), tp, int(rng.choice([2, 4, 8]))))
+    return cases
+
+
 @checker("5.1", "the bytes a tensor-parallel rank sends")
 def check_tp_mlp_bytes(tp_mlp_bytes):
-    for batch, seq, hidden, tp, itemsize in TP_CASES:
+    cases = [(case, False) for case in TP_CASES]
+    cases += [(case, True) for case in fresh_tp_cases(fresh_rng())]
+    for (batch, seq, hidden, tp, itemsize), fresh in cases:
         expected = measured_tp_bytes(batch, seq, hidden, tp, itemsize)
         call = (f"tp_mlp_bytes(batch={batch}, seq={seq}, hidden={hidden}, tp={tp}, "
                 f"itemsize={itemsize})")
@@ -86,9 +99,13 @@ def check_tp_mlp_bytes(tp_mlp_bytes):
         else:
             advice = ("Two ring all-reduces of the b·s·h activations per MLP (one forward, one "
                       "backward), each 2(t − 1)/t · n bytes from every rank.")
+        if fresh:      # say the inputs, so the learner can rerun them; not the answer
+            raise Wrong(f"{call} returned {got:g}, not the bytes the simulator measured rank 0 "
+                        f"sending (a case drawn afresh for this check: call your function with "
+                        f"these inputs to reproduce it). {advice}")
         raise Wrong(f"{call} returned {got:g}; the simulator measured {expected} B sent by "
                     f"rank 0. {advice}")
-    return "matches the bytes read from the simulator's trace, t = 1 to 8"
+    return "matches the bytes read from the simulator's trace, t = 1 to 8, fixed and fresh cases"
 
 
 # --- 5.2: the bubble fraction of a timeline -------------------------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dsml.collectives.cost import cost
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 
 
 # --- 6.1: a GPU's mean time between failures from a fleet's count -------------------------------
@@ -80,9 +80,19 @@ def _distinct(got: float, expected: float) -> tuple[str, str]:
     return shown
 
 
+def fresh_young_cases(rng, count: int = 3) -> list:
+    """`count` (δ, M) pairs drawn from `rng`: δ from 0.5 s to 10 min and M from 1 h to 100 days,
+    log-uniform, each rounded to 4 significant digits so that the hint shows them exactly."""
+    def draw(low, high):
+        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.4g}")
+    return [(draw(0.5, 600.0), draw(3600.0, 100 * 86400.0)) for _ in range(count)]
+
+
 @checker("6.2", "Young's checkpoint interval")
 def check_young_checkpoint_interval(young_checkpoint_interval):
-    for delta, mtbf in YOUNG_CASES:
+    cases = [(case, False) for case in YOUNG_CASES]
+    cases += [(case, True) for case in fresh_young_cases(fresh_rng())]
+    for (delta, mtbf), fresh in cases:
         expected = math.sqrt(2 * delta * mtbf)
         call = f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g})"
         got = as_float(young_checkpoint_interval(delta, mtbf), call)
@@ -103,8 +113,12 @@ def check_young_checkpoint_interval(young_checkpoint_interval):
             advice = ("Minimise the waste per unit of work, δ/τ (checkpointing) + τ/(2M) (half "
                       "an interval lost per failure), over τ.")
         shown_got, shown_expected = _distinct(got, expected)
+        if fresh:      # say the inputs, so the learner can rerun them; not the answer
+            raise Wrong(f"{call} returned {shown_got} s, not the interval that minimises the "
+                        f"waste (a case drawn afresh for this check: call your function with "
+                        f"these inputs to reproduce it). {advice}")
         raise Wrong(f"{call} returned {shown_got} s, expected {shown_expected} s. {advice}")
-    return "√(2δM) over five orders of magnitude"
+    return "√(2δM) over five orders of magnitude, fixed and fresh cases"
 
 
 # --- 6.3: the wall time of a job that checkpoints --------------------------------------------
