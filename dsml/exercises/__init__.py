@@ -364,9 +364,11 @@ def _run_checker(entry: Checker, answers: tuple):
         return entry.function(*answers)
 
 
-def _called_by_learner(frame, namespaces: list) -> bool:
-    """True if a frame of the learner's module lies between `frame` and `_run_checker`."""
-    while frame is not None and frame.f_code is not _run_checker.__code__:
+def _called_by_learner(frame, namespaces: list, checker_code=None) -> bool:
+    """True if a frame of the learner's module lies between `frame` and the checker (or
+    `_run_checker`, if the checker's frame is not met)."""
+    while frame is not None and frame.f_code is not _run_checker.__code__ \
+            and frame.f_code is not checker_code:
         if any(frame.f_globals is namespace for namespace in namespaces):
             return True
         frame = frame.f_back
@@ -380,7 +382,7 @@ def _build_it_yourself(exercise_id: str, dotted: str, how: str = "your code call
 
 
 @contextmanager
-def _stand_ins(exercise_id: str, builds: tuple, answers: tuple):
+def _stand_ins(exercise_id: str, builds: tuple, answers: tuple, checker_code=None):
     """Replace the functions named in `builds`, wherever a `dsml` module or the answers'
     module binds them, by stand-ins that refuse the learner's code; yield the list of the
     names the learner's code called. Everything is put back when the block ends."""
@@ -397,7 +399,7 @@ def _stand_ins(exercise_id: str, builds: tuple, answers: tuple):
     def stand_in_for(real, dotted):
         @functools.wraps(real)
         def stand_in(*args, **kwargs):
-            if _called_by_learner(sys._getframe(1), namespaces):
+            if _called_by_learner(sys._getframe(1), namespaces, checker_code):
                 called.append(dotted)
                 raise BuildItYourself(_build_it_yourself(exercise_id, dotted))
             return real(*args, **kwargs)
@@ -499,7 +501,8 @@ def grade(exercise_id: str, *answers) -> Grade:
     _FRESH["checks"] += 1
     _FRESH["current"] = (_FRESH["base"], _FRESH["checks"])
     try:
-        with _stand_ins(exercise_id, entry.builds, answers) as called:
+        with _stand_ins(exercise_id, entry.builds, answers,
+                        getattr(entry.function, "__code__", None)) as called:
             try:
                 note = _run_checker(entry, answers)
             finally:
