@@ -622,7 +622,27 @@ def allreduce_library_folding(comm, x):
     return (yield from allreduce(comm, x))          # the default algorithm: the ring
 
 
-LIBRARY_ANSWERS = [("2.1", allgather_bruck), ("2.1", allgather_library_ring),
+def ring_bandwidth_from_cost(p, nbytes, beta):
+    return cost("allreduce", "ring", p, nbytes, 0.0, beta)
+
+
+def reduce_scatter_from_library(comm, x):
+    from dsml.collectives import reduce_scatter
+    return (yield from reduce_scatter(comm, x, algorithm="ring"))
+
+
+def folded_time_by_simulating(p, nbytes, alpha, beta, gamma):
+    import dsml
+    from dsml.net import AlphaBeta
+
+    def program(comm):
+        return (yield from allreduce(comm, dsml.SizeOnly(nbytes), algorithm="recursive_doubling"))
+    return dsml.run(program, p, network=AlphaBeta(alpha, beta, gamma), trace=False).time
+
+
+LIBRARY_ANSWERS = [("2.2", ring_bandwidth_from_cost), ("2.3", reduce_scatter_from_library),
+                   ("2.5", folded_time_by_simulating),
+                   ("2.1", allgather_bruck), ("2.1", allgather_library_ring),
                    ("2.1", functools.partial(allgather, algorithm="ring")),
                    ("2.4", allreduce_library_doubling), ("2.4", allreduce_library_folding),
                    ("2.7", busbw_from_library)]

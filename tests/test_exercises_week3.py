@@ -865,3 +865,15 @@ def test_an_answer_that_calls_the_library_loss_is_refused(answer):
                                      "called dsml.train.models.softmax_cross_entropy")
     assert dsml.train.softmax_cross_entropy is real is dsml.train.models.softmax_cross_entropy
     assert grade("3.2", solution.softmax_cross_entropy_grad).passed   # the checker's own use
+
+
+def sampler_from_library(n, world_size, rank, epoch, seed):
+    from dsml.data_parallel import distributed_indices
+    return distributed_indices(n, world_size, rank, epoch, seed)
+
+
+def test_an_answer_that_calls_the_library_sampler_is_refused():
+    result = grade("3.11", sampler_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 3.11 asks you to build this yourself: your code "
+                                     "called dsml.data_parallel.distributed_indices")

@@ -483,3 +483,54 @@ def test_fresh_cases_5_1_differ_from_check_to_check_and_repeat_under_a_base():
         assert fresh_tp_cases(fresh_rng()) == seen[0]
     for batch, seq, hidden, tp, itemsize in seen[0]:
         assert hidden % tp == 0 and 2 <= tp <= 8
+
+
+# --- exercises that must be built: the library's own answer is refused ----------------------
+
+def tp_bytes_from_the_block(batch, seq, hidden, tp, itemsize):
+    from dsml.tensor_parallel import tp_block_bytes_per_rank
+    return tp_block_bytes_per_rank(batch, seq, hidden, tp, itemsize) / 2   # the MLP's half
+
+
+def _as_pairs(ops):
+    return [(op.kind, op.microbatch) for op in ops]
+
+
+def one_f_one_b_from_schedule(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("1f1b", stages, microbatches)[stage])
+
+
+def one_f_one_b_from_interleaved(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("interleaved", stages, microbatches, chunks=1)[stage])
+
+
+def zb_h1_from_schedule(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("zb-h1", stages, microbatches)[stage])
+
+
+def zero_bytes_from_library(psi, nd, stage, k):
+    from dsml.memory import zero_model_state_bytes
+    return zero_model_state_bytes(psi, nd, stage).total
+
+
+def fsdp_time_from_library(gather, scatter, forward, backward, prefetch):
+    from dsml.zero import fsdp_step_prediction
+    return fsdp_step_prediction({"gather": gather, "scatter": scatter, "forward": forward,
+                                 "backward": backward}, prefetch)
+
+
+LIBRARY_ANSWERS = [("5.1", tp_bytes_from_the_block), ("5.3", one_f_one_b_from_schedule),
+                   ("5.3", one_f_one_b_from_interleaved), ("5.5", zero_bytes_from_library),
+                   ("5.9", zb_h1_from_schedule), ("5.10", fsdp_time_from_library)]
+
+
+@pytest.mark.parametrize("exercise_id, answer", LIBRARY_ANSWERS,
+                         ids=[f"{i}-{a.__name__}" for i, a in LIBRARY_ANSWERS])
+def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer):
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called dsml.")

@@ -538,3 +538,15 @@ def test_a_wrong_answer_on_a_fresh_case_is_told_the_inputs_not_the_answer():
         f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g}) returned ")
     assert f"{math.sqrt(2 * delta * mtbf):.4g}"[:4] not in result.message.split("returned")[1] \
         .split(" s,")[1]
+
+
+def young_from_library(checkpoint_cost, mtbf):
+    from dsml.fault import young_interval
+    return young_interval(checkpoint_cost, mtbf)
+
+
+def test_an_answer_that_calls_the_library_interval_is_refused():
+    result = grade("6.2", young_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 6.2 asks you to build this yourself: your code "
+                                     "called dsml.fault.young_interval")

@@ -214,7 +214,7 @@ RING_BANDWIDTH_CASES = [(3, 3 * 2 ** 20, 1e-10), (8, 8 * 1000, 2e-9), (2, 1_000_
                         (5, 5 * 4096, 4e-11)]
 
 
-@checker("2.2", "the ring's bandwidth term")
+@checker("2.2", "the ring's bandwidth term", builds=("dsml.collectives.cost.cost",))
 def check_ring_bandwidth_time(ring_bandwidth_time):
     for p, nbytes, beta in RING_BANDWIDTH_CASES:
         simulated = simulate_ring_allreduce(p, nbytes, alpha=0.0, beta=beta)
@@ -236,7 +236,9 @@ def check_ring_bandwidth_time(ring_bandwidth_time):
 REDUCE_SCATTER_CASES = [(4, 10), (5, 3), (3, 7), (6, 6), (1, 4)]   # (p, elements)
 
 
-@checker("2.3", "ring reduce-scatter")
+@checker("2.3", "ring reduce-scatter",
+         builds=("dsml.collectives.reduce_scatter.reduce_scatter",
+                 "dsml.collectives.reduce_scatter.reduce_scatter_ring_blocks"))
 def check_ring_reduce_scatter(ring_reduce_scatter):
     rng = np.random.default_rng(2003)
     network = AlphaBeta(alpha=2e-6, beta=1e-9)
@@ -363,7 +365,9 @@ FOLDED_CASES = [(6, 48_000, 2e-6, 1e-10, 2.5e-11), (13, 130_000, 1e-6, 2e-10, 1e
                 (2, 4_096, 4e-6, 5e-10, 1e-10)]
 
 
-@checker("2.5", "what folding costs")
+@checker("2.5", "what folding costs",
+         builds=("dsml.collectives.allreduce.allreduce",
+                 "dsml.collectives.allreduce.allreduce_recursive_doubling"))
 def check_folded_allreduce_time(folded_allreduce_time):
     for p, nbytes, alpha, beta, gamma in FOLDED_CASES:
         simulated = simulate_recursive_doubling(p, nbytes, alpha, beta, gamma)

@@ -976,7 +976,7 @@ _SAMPLER_ADVICE = {
 }
 
 
-@checker("3.11", "a distributed sampler")
+@checker("3.11", "a distributed sampler", builds=("dsml.data_parallel.distributed_indices",))
 def check_sampler_indices(sampler_indices):
     for n, world_size, epoch, seed in SAMPLER_CASES:
         for rank in range(world_size):

@@ -72,7 +72,8 @@ def fresh_tp_cases(rng, count: int = 3) -> list:
     return cases
 
 
-@checker("5.1", "the bytes a tensor-parallel rank sends")
+@checker("5.1", "the bytes a tensor-parallel rank sends",
+         builds=("dsml.tensor_parallel.tp_block_bytes_per_rank",))
 def check_tp_mlp_bytes(tp_mlp_bytes):
     cases = [(case, False) for case in TP_CASES]
     cases += [(case, True) for case in fresh_tp_cases(fresh_rng())]
@@ -208,7 +209,8 @@ def _as_ops(got, call) -> list:
                     f"micro-batch) pairs") from None
 
 
-@checker("5.3", "the order of operations of one 1F1B stage")
+@checker("5.3", "the order of operations of one 1F1B stage",
+         builds=("dsml.pipeline.one_f_one_b_ops", "dsml.pipeline.interleaved_ops"))
 def check_one_f_one_b(one_f_one_b):
     for stage, stages, m in ONE_F_ONE_B_CASES:
         expected = one_f_one_b_reference(stage, stages, m)
@@ -314,7 +316,7 @@ ZERO_CASES = [(1e9, 8, 0, 12), (1e9, 8, 1, 12), (1e9, 8, 2, 12), (1e9, 8, 3, 12)
               (1e6, 1, 3, 12)]
 
 
-@checker("5.5", "ZeRO's model-state bytes per rank")
+@checker("5.5", "ZeRO's model-state bytes per rank", builds=("dsml.memory.zero_model_state_bytes",))
 def check_zero_bytes(zero_bytes):
     for psi, nd, stage, k in ZERO_CASES:
         expected = zero_reference(psi, nd, stage, k)
@@ -538,7 +540,7 @@ def _first_w(ops) -> int:
     return kinds.index("W") if "W" in kinds else -1
 
 
-@checker("5.9", "the order of operations of one ZB-H1 stage")
+@checker("5.9", "the order of operations of one ZB-H1 stage", builds=("dsml.pipeline.zb_h1_ops",))
 def check_zb_h1(zb_h1):
     for stage, stages, m in ZB_H1_CASES:
         expected = zb_h1_reference(stage, stages, m)
@@ -620,7 +622,8 @@ def _prefetch_mistake(gather, scatter, forward, backward, got) -> str:
             "run while it does?")
 
 
-@checker("5.10", "the step time of ZeRO-3 with and without prefetch")
+@checker("5.10", "the step time of ZeRO-3 with and without prefetch",
+         builds=("dsml.zero.fsdp_step_prediction",))
 def check_fsdp_step_time(fsdp_step_time):
     for gather, scatter, forward, backward in PREFETCH_CASES:
         seconds = {"gather": gather, "scatter": scatter, "forward": forward, "backward": backward}

@@ -88,7 +88,7 @@ def fresh_young_cases(rng, count: int = 3) -> list:
     return [(draw(0.5, 600.0), draw(3600.0, 100 * 86400.0)) for _ in range(count)]
 
 
-@checker("6.2", "Young's checkpoint interval")
+@checker("6.2", "Young's checkpoint interval", builds=("dsml.fault.young_interval",))
 def check_young_checkpoint_interval(young_checkpoint_interval):
     cases = [(case, False) for case in YOUNG_CASES]
     cases += [(case, True) for case in fresh_young_cases(fresh_rng())]
