@@ -441,3 +441,14 @@ def fails_for_every_base(exercise_id: str, answer: Callable, calls: int = 2) -> 
                 if grade(exercise_id, answer).passed:
                     passed.append(f"base {base}, call {call}")
     return passed
+
+
+def fresh_cases_keep_the_contract(exercise_id: str, reference: Callable, wrong: dict,
+                                  right: dict) -> None:
+    """Under every base of FRESH_BASES (two checks each), the reference and the accepted
+    alternatives pass and every named mistake fails."""
+    assert passes_for_every_base(exercise_id, reference) == []
+    for answer in right.get(exercise_id, []):
+        assert passes_for_every_base(exercise_id, answer) == [], answer.__name__
+    for answer in wrong.get(exercise_id, []):
+        assert fails_for_every_base(exercise_id, answer) == [], answer.__name__

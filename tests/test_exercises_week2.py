@@ -660,3 +660,18 @@ def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer):
     assert allgather.__name__ == "allgather" and "stand_in" not in repr(allgather)
     import dsml.collectives
     assert dsml.collectives.allgather is allgather and dsml.collectives.allreduce is allreduce
+
+
+def test_fresh_cases_2_7_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("2.7", solution.bus_bandwidth, WRONG, RIGHT)
+
+
+def test_a_fresh_case_of_2_7_says_its_inputs_not_the_factor():
+    def right_on_the_fixed_cases_only(collective, p, nbytes, seconds):
+        from dsml.exercises.week2 import BUSBW_CASES
+        exact = solution.bus_bandwidth(collective, p, nbytes, seconds)
+        return exact if (collective, p, nbytes) in BUSBW_CASES else 1.01 * exact
+
+    message = grade("2.7", right_on_the_fixed_cases_only).message
+    assert message.startswith("bus_bandwidth(") and "drawn afresh" in message
+    assert "nccl-tests uses" not in message

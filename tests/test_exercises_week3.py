@@ -877,3 +877,27 @@ def test_an_answer_that_calls_the_library_sampler_is_refused():
     assert result.status == "failed"
     assert result.message.startswith("exercise 3.11 asks you to build this yourself: your code "
                                      "called dsml.data_parallel.distributed_indices")
+
+
+def test_fresh_cases_3_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("3.2", solution.softmax_cross_entropy_grad, WRONG,
+                                           RIGHT)
+
+
+def test_a_fresh_case_of_3_2_says_how_to_make_its_inputs():
+    import re
+
+    def right_on_the_fixed_shapes_only(logits, y):
+        got = solution.softmax_cross_entropy_grad(logits, y)
+        return got if logits.shape in [(4, 3), (1, 5), (6, 4), (3, 4)] else 2 * got
+
+    message = grade("3.2", right_on_the_fixed_shapes_only).message
+    found = re.search(r"default_rng\((\d+)\); logits = (\S+) \* rng.standard_normal\(\((\d+), "
+                      r"(\d+)\)\)", message)
+    assert found, message
+    seed, scale, batch, classes = found.groups()
+    rng = np.random.default_rng(int(seed))
+    logits = float(scale) * rng.standard_normal((int(batch), int(classes)))
+    y = rng.integers(0, int(classes), size=int(batch))
+    assert f"y={y.tolist()}" in message                  # the same inputs, made again
+    assert f"{np.max(np.abs(logits)):.3g}" in message

@@ -152,3 +152,7 @@ def test_an_answer_that_calls_the_library_layout_is_refused():
     assert result.message.startswith("exercise 5b.2 asks you to build this yourself: your code "
                                      "called dsml.context_parallel.zigzag_layout")
     assert dsml.context_parallel.zigzag_layout is real
+
+
+def test_fresh_cases_5b_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("5b.2", solution.zigzag_positions, WRONG, RIGHT)

@@ -22,7 +22,7 @@ from dsml.collectives import allgather, allreduce, broadcast, busbw_factor, redu
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
-                            expect_rank_program)
+                            expect_rank_program, fresh_rng)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
 
@@ -466,15 +466,27 @@ BUSBW_CASES = [("allreduce", 6, 6 * 2 ** 20), ("allgather", 5, 5 * 2 ** 18),
 def check_bus_bandwidth(bus_bandwidth):
     network = AlphaBeta(alpha=5e-6, beta=1 / 12.5e9)
     measured = []
-    for collective, p, nbytes in BUSBW_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, False) for case in BUSBW_CASES]
+    for _ in range(2):
+        p = int(fresh.integers(2, 9))
+        cases.append(((str(fresh.choice(["allreduce", "allgather", "reduce_scatter",
+                                         "broadcast"])), p, p * 2 ** int(fresh.integers(10, 21))),
+                      True))
+    for (collective, p, nbytes), drawn in cases:
         seconds = simulate_collective(collective, p, nbytes, network)
         algbw = nbytes / seconds
         factor = busbw_factor(collective, p)
         got = bus_bandwidth(collective, p, nbytes, seconds)
         what = (f"bus_bandwidth({collective!r}, p={p}, nbytes={nbytes}, "
-                f"seconds={seconds:.6g})")
+                f"seconds={seconds!r})")
         value = as_float(got, what)
         ratio = value / algbw if algbw else float("nan")
+        if drawn and not np.isclose(value, algbw * factor, rtol=1e-9, atol=0.0):
+            raise Wrong(f"{what} (a case drawn afresh for this check) returned {value:.6g} B/s, "
+                        f"{ratio:.4g} × algbw = S/t; that is not nccl-tests' busbw for "
+                        f"{collective} on {p} ranks. The factor is the bytes an optimal "
+                        f"{collective} sends through each rank's port, as a multiple of S.")
         expect_close(value, algbw * factor, what,
                      f"(The time is a simulated {collective} on a 12.5 GB/s network.) "
                      f"algbw = S/t = {algbw:.6g} B/s; your answer is {ratio:.4g} × algbw, "

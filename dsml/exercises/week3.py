@@ -31,7 +31,7 @@ from dsml.comm.run import run
 from dsml.data_parallel import (assign_buckets, data_parallel_sgd, ddp_allreduce,
                                 distributed_indices, gradient_noise_scale, shard_bounds,
                                 train_single)
-from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
+from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close, fresh_rng,
                             expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
@@ -145,12 +145,22 @@ SOFTMAX_CASES = [(4, 3, 2.0), (1, 5, 1.0), (6, 4, 3.0), (3, 4, 800.0)]
          builds=("dsml.train.models.softmax_cross_entropy",))
 def check_softmax_cross_entropy_grad(softmax_cross_entropy_grad):
     rng = np.random.default_rng(3002)
-    for batch, classes, scale in SOFTMAX_CASES:
-        logits = scale * rng.standard_normal((batch, classes))
-        y = rng.integers(0, classes, size=batch)
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, None) for case in SOFTMAX_CASES]
+    cases += [((int(fresh.integers(1, 9)), int(fresh.integers(2, 11)),
+                float(fresh.choice([0.5, 2.0, 5.0, 300.0]))), int(fresh.integers(2 ** 31)))
+              for _ in range(2)]
+    for (batch, classes, scale), seed in cases:
+        draw = rng if seed is None else np.random.default_rng(seed)
+        logits = scale * draw.standard_normal((batch, classes))
+        y = draw.integers(0, classes, size=batch)
         _, expected = softmax_cross_entropy(logits, y)
         call = (f"softmax_cross_entropy_grad(logits of shape {logits.shape} with entries up to "
                 f"{np.max(np.abs(logits)):.3g}, y={y.tolist()})")
+        if seed is not None:   # a fresh case: say how to make its inputs again
+            call += (f" (a case drawn afresh for this check: rng = np.random.default_rng({seed}); "
+                     f"logits = {scale:g} * rng.standard_normal(({batch}, {classes})); "
+                     f"y = rng.integers(0, {classes}, size={batch}))")
         got = _as_array(softmax_cross_entropy_grad(logits.copy(), y.copy()), call,
                         logits.shape)
         if _close(got, expected):

@@ -18,7 +18,7 @@ import numpy as np
 
 from dsml.comm.run import run
 from dsml.context_parallel import contiguous_layout, ring_attention_step
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 from dsml.net.alphabeta import AlphaBeta
 
 
@@ -108,8 +108,14 @@ def _zigzag(seq, cp, rank):
 
 @checker("5b.2", "the zig-zag split", builds=("dsml.context_parallel.zigzag_layout",))
 def check_zigzag_positions(zigzag_positions):
-    for seq, cp, rank in ZIGZAG_CASES:
-        call = f"zigzag_positions(seq={seq}, cp={cp}, rank={rank})"
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, "") for case in ZIGZAG_CASES]
+    for _ in range(2):
+        cp = int(fresh.integers(2, 9))
+        cases.append(((2 * cp * int(fresh.integers(1, 7)), cp, int(fresh.integers(cp))),
+                      " (a case drawn afresh for this check)"))
+    for (seq, cp, rank), drawn in cases:
+        call = f"zigzag_positions(seq={seq}, cp={cp}, rank={rank}){drawn}"
         got = zigzag_positions(seq, cp, rank)
         try:
             got = sorted(int(p) for p in np.asarray(got).ravel())
