@@ -452,3 +452,17 @@ def fresh_cases_keep_the_contract(exercise_id: str, reference: Callable, wrong: 
         assert passes_for_every_base(exercise_id, answer) == [], answer.__name__
     for answer in wrong.get(exercise_id, []):
         assert fails_for_every_base(exercise_id, answer) == [], answer.__name__
+
+
+def copied_answers_never_pass(exercise_id: str, call_pattern: str, expected_pattern: str) -> int:
+    """Under every base of FRESH_BASES, the learner who keeps a table of the values the hints
+    give away (`learn_from_hints`) does not pass; returns how many entries it learned at most."""
+    from dsml.exercises import fresh_seed
+    most = 0
+    for base in FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = learn_from_hints(exercise_id, call_pattern,
+                                                      expected_pattern)
+        assert not passed, f"base {base}: {message}"
+        most = max(most, len(table))
+    return most

@@ -675,3 +675,16 @@ def test_a_fresh_case_of_2_7_says_its_inputs_not_the_factor():
     message = grade("2.7", right_on_the_fixed_cases_only).message
     assert message.startswith("bus_bandwidth(") and "drawn afresh" in message
     assert "nccl-tests uses" not in message
+
+
+def test_a_table_of_answers_copied_from_hints_fails_2_5():
+    # On main, such a table passed after 6 checks.
+    learned = contract.copied_answers_never_pass(
+        "2.5", r"folded_allreduce_time\(p=(\S+), nbytes=(\S+), alpha=(\S+), beta=(\S+), "
+               r"gamma=(\S+)\)", r"expected (\S+) s")
+    from dsml.exercises.week2 import FOLDED_CASES
+    assert learned <= len(FOLDED_CASES)
+
+
+def test_fresh_cases_2_5_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("2.5", solution.folded_allreduce_time, WRONG, RIGHT)

@@ -534,3 +534,18 @@ def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer):
     assert result.status == "failed"
     assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
                                      f"your code called dsml.")
+
+
+def test_a_table_of_answers_copied_from_hints_fails_5_5_and_5_6():
+    # On main, such a table passed 5.5 after 10 checks and 5.6 after 6.
+    contract.copied_answers_never_pass(
+        "5.5", r"zero_bytes\(psi=(\S+), nd=(\S+), stage=(\S+), k=(\S+)\)", r"expected (\S+) B")
+    contract.copied_answers_never_pass(
+        "5.6", r"gpt_num_params\(layers=(\S+), hidden=(\S+), vocab=(\S+), positions=(\S+)\)",
+        r"expected (\d+)")
+
+
+@pytest.mark.parametrize("exercise_id, reference", [("5.5", solution.zero_bytes),
+                                                    ("5.6", solution.gpt_num_params)])
+def test_fresh_cases_5_5_and_5_6_keep_the_contract_for_every_base(exercise_id, reference):
+    contract.fresh_cases_keep_the_contract(exercise_id, reference, WRONG, RIGHT)

@@ -557,11 +557,16 @@ def expect_rank_program(probe, call: str, example: str) -> None:
 
 
 def expect_close(got, expected: float, what: str, reconsider: str, rtol: float = 1e-9,
-                 unit: str = "") -> None:
+                 unit: str = "", drawn: bool = False) -> None:
     """Wrong unless `got` (a number) is within `rtol` of `expected`; the hint says what
-    was called (`what`), what was expected, what came back, and what to `reconsider`."""
+    was called (`what`), what was expected, what came back, and what to `reconsider`. For a
+    case `drawn` afresh it does not say what was expected, only that this was such a case."""
     value = as_float(got, what)
     if not np.isclose(value, expected, rtol=rtol, atol=0.0):
         unit = f" {unit}" if unit else ""
+        if drawn:
+            note = "" if "drawn afresh" in what else " (a case drawn afresh for this check)"
+            raise Wrong(f"{what}{note} returned {value:.6g}{unit}, not the expected value; "
+                        f"call your function with these inputs to see it again. {reconsider}")
         raise Wrong(f"{what} returned {value:.6g}{unit}, expected {expected:.6g}{unit}. "
                     f"{reconsider}")

@@ -369,7 +369,13 @@ FOLDED_CASES = [(6, 48_000, 2e-6, 1e-10, 2.5e-11), (13, 130_000, 1e-6, 2e-10, 1e
          builds=("dsml.collectives.allreduce.allreduce",
                  "dsml.collectives.allreduce.allreduce_recursive_doubling"))
 def check_folded_allreduce_time(folded_allreduce_time):
-    for p, nbytes, alpha, beta, gamma in FOLDED_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, False) for case in FOLDED_CASES]
+    cases += [((int(fresh.integers(2, 17)), int(fresh.integers(1, 2_000_000)),
+                float(f"{10 ** fresh.uniform(-6.5, -4.5):.3g}"),
+                float(f"{10 ** fresh.uniform(-11, -9):.3g}"),
+                float(f"{10 ** fresh.uniform(-12, -10):.3g}")), True) for _ in range(2)]
+    for (p, nbytes, alpha, beta, gamma), drawn in cases:
         simulated = simulate_recursive_doubling(p, nbytes, alpha, beta, gamma)
         closed = math.ceil(math.log2(p)) * (alpha + nbytes * (beta + gamma))
         note = "" if math.isclose(simulated, closed, rel_tol=1e-9) else (
@@ -382,7 +388,8 @@ def check_folded_allreduce_time(folded_allreduce_time):
                      f"simulator.){note} Follow the slowest rank: a folded pair exchanges "
                      f"once before the doubling rounds (and the receiver adds), the 2^⌊lg p⌋ "
                      f"ranks left run ⌊lg p⌋ rounds, and the result goes back once after. "
-                     f"Which of these steps exist when p is a power of two?", unit="s")
+                     f"Which of these steps exist when p is a power of two?", unit="s",
+                     drawn=drawn)
     p, nbytes, alpha, beta, gamma = FOLDED_CASES[0]
     simulated = simulate_recursive_doubling(p, nbytes, alpha, beta, gamma)
     closed = math.ceil(math.log2(p)) * (alpha + nbytes * (beta + gamma))

@@ -318,9 +318,14 @@ ZERO_CASES = [(1e9, 8, 0, 12), (1e9, 8, 1, 12), (1e9, 8, 2, 12), (1e9, 8, 3, 12)
 
 @checker("5.5", "ZeRO's model-state bytes per rank", builds=("dsml.memory.zero_model_state_bytes",))
 def check_zero_bytes(zero_bytes):
-    for psi, nd, stage, k in ZERO_CASES:
+    fresh = fresh_rng()       # three more cases, drawn afresh for every check
+    cases = [(case, "") for case in ZERO_CASES]
+    cases += [((float(f"{10 ** fresh.uniform(5, 10):.3g}"), int(fresh.integers(2, 65)),
+                int(fresh.integers(0, 4)), int(fresh.choice([8, 12, 16]))),
+               " (a case drawn afresh for this check)") for _ in range(3)]
+    for (psi, nd, stage, k), drawn in cases:
         expected = zero_reference(psi, nd, stage, k)
-        call = f"zero_bytes(psi={psi:g}, nd={nd}, stage={stage}, k={k})"
+        call = f"zero_bytes(psi={psi:g}, nd={nd}, stage={stage}, k={k}){drawn}"
         got = as_float(zero_bytes(psi, nd, stage, k), call)
         if math.isclose(got, expected, rel_tol=1e-12):
             continue
@@ -338,7 +343,8 @@ def check_zero_bytes(zero_bytes):
         else:
             advice = ("Per parameter: 2 B of fp16 weights, 2 B of fp16 gradients, K B of "
                       "optimizer state; each stage divides one more of them by N_d.")
-        raise Wrong(f"{call} returned {got:.6g} B, expected {expected:.6g} B. {advice}")
+        shown = "" if drawn else f", expected {expected:.6g} B"
+        raise Wrong(f"{call} returned {got:.6g} B{shown}. {advice}")
     return "every stage, K = 8, 12 and 16, N_d = 1 to 12"
 
 
@@ -365,10 +371,15 @@ GPT_CASES = [(12, 768, 50257, 1024), (2, 64, 1000, 128), (24, 1024, 50257, 1024)
 
 @checker("5.6", "the exact parameter count of a GPT-2-style model")
 def check_gpt_num_params(gpt_num_params):
-    for layers, hidden, vocab, positions in GPT_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, "") for case in GPT_CASES]
+    cases += [((int(fresh.integers(1, 49)), 8 * int(fresh.integers(1, 257)),
+                int(fresh.integers(10, 60_000)), int(fresh.integers(4, 4097))),
+               " (a case drawn afresh for this check)") for _ in range(2)]
+    for (layers, hidden, vocab, positions), drawn in cases:
         expected = sum(math.prod(shape) for shape in gpt_shapes(layers, hidden, vocab, positions))
         call = (f"gpt_num_params(layers={layers}, hidden={hidden}, vocab={vocab}, "
-                f"positions={positions})")
+                f"positions={positions}){drawn}")
         got = as_float(gpt_num_params(layers, hidden, vocab, positions), call)
         if got == expected:
             continue
@@ -390,7 +401,8 @@ def check_gpt_num_params(gpt_num_params):
                       "input and output projections and the MLP's two matrices, each linear "
                       "layer with its bias; then the two embedding tables and the final "
                       "LayerNorm. Try layers=1 with a small hidden size by hand.")
-        raise Wrong(f"{call} returned {got:.0f}, expected {expected}. {advice}")
+        shown = "" if drawn else f", expected {expected}"
+        raise Wrong(f"{call} returned {got:.0f}{shown}. {advice}")
     return "exact for GPT-2 small and medium and for small odd shapes"
 
 
