@@ -901,3 +901,33 @@ def test_a_fresh_case_of_3_2_says_how_to_make_its_inputs():
     y = rng.integers(0, int(classes), size=int(batch))
     assert f"y={y.tolist()}" in message                  # the same inputs, made again
     assert f"{np.max(np.abs(logits)):.3g}" in message
+
+
+def adam_step_from_library(w, g, m, v, t, lr, beta1, beta2, eps):
+    from dsml.train.optim import Adam
+    optimizer = Adam(lr, betas=(beta1, beta2), eps=eps)
+    optimizer.state["w"] = (m.copy(), v.copy(), t - 1)
+    params = {"w": w.copy()}
+    optimizer.step(params, {"w": g.copy()})
+    new_m, new_v, _ = optimizer.state["w"]
+    return params["w"], new_m, new_v
+
+
+def lars_from_library(w, g, trust_coefficient, weight_decay):
+    from dsml.train.optim import LARS
+    optimizer = LARS(1.0, weight_decay=weight_decay, trust_coefficient=trust_coefficient)
+    optimizer.update("w", w.copy(), g.copy())
+    return optimizer.trust["w"]
+
+
+@pytest.mark.parametrize("exercise_id, answer, method", [
+    ("3.3", adam_step_from_library, "Adam.update"), ("3.4", lars_from_library, "LARS.update")])
+def test_an_answer_that_runs_the_library_optimizer_is_refused(exercise_id, answer, method):
+    from dsml.train import optim
+    before = (optim.Adam.update, optim.LARS.update, optim.LAMB.update)
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called dsml.train.optim.{method}")
+    assert (optim.Adam.update, optim.LARS.update, optim.LAMB.update) == before
+    assert "update" not in vars(optim.LAMB) or optim.LAMB.update is before[2]

@@ -549,3 +549,17 @@ def test_a_table_of_answers_copied_from_hints_fails_5_5_and_5_6():
                                                     ("5.6", solution.gpt_num_params)])
 def test_fresh_cases_5_5_and_5_6_keep_the_contract_for_every_base(exercise_id, reference):
     contract.fresh_cases_keep_the_contract(exercise_id, reference, WRONG, RIGHT)
+
+
+def activation_bytes_from_library(seq, batch, hidden, heads, tp, sequence_parallel, selective):
+    from dsml.memory import TransformerConfig, activation_bytes_per_layer
+    config = TransformerConfig(1, hidden, heads, 100, seq)
+    return activation_bytes_per_layer(config, batch, tp, sequence_parallel,
+                                      "selective" if selective else "none")
+
+
+def test_an_answer_that_calls_the_library_accountant_is_refused():
+    result = grade("5.7", activation_bytes_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5.7 asks you to build this yourself: your code "
+                                     "called dsml.memory.activation_bytes_per_layer")

@@ -156,3 +156,16 @@ def test_an_answer_that_calls_the_library_layout_is_refused():
 
 def test_fresh_cases_5b_2_keep_the_contract_for_every_base():
     contract.fresh_cases_keep_the_contract("5b.2", solution.zigzag_positions, WRONG, RIGHT)
+
+
+def ring_bytes_from_library(batch, seq, hidden, cp, itemsize):
+    from dsml.context_parallel import ring_attention_kv_bytes
+    forward = ring_attention_kv_bytes(seq, hidden, cp, batch, itemsize)
+    return 2 * forward + (2 * seq * hidden * itemsize * batch if cp > 1 else 0)
+
+
+def test_an_answer_that_calls_the_library_formula_is_refused():
+    result = grade("5b.3", ring_bytes_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5b.3 asks you to build this yourself: your code "
+                                     "called dsml.context_parallel.ring_attention_kv_bytes")

@@ -550,3 +550,23 @@ def test_an_answer_that_calls_the_library_interval_is_refused():
     assert result.status == "failed"
     assert result.message.startswith("exercise 6.2 asks you to build this yourself: your code "
                                      "called dsml.fault.young_interval")
+
+
+def mtbf_from_library(interruptions, days, gpus):
+    from dsml.fault import interruption_statistics
+    return interruption_statistics(interruptions, days, gpus)["mtbf_gpu"] / 3600
+
+
+def atomic_write_from_library(path, chunks):
+    from dsml.checkpoint import write_atomically
+    write_atomically(path, b"".join(chunks))
+
+
+@pytest.mark.parametrize("exercise_id, answer, called", [
+    ("6.1", mtbf_from_library, "dsml.fault.interruption_statistics"),
+    ("6.4", atomic_write_from_library, "dsml.checkpoint.write_atomically")])
+def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer, called):
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called {called}")

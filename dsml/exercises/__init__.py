@@ -141,7 +141,8 @@ def checker(exercise_id: str, title: str, time_limit: float = DEFAULT_TIME_LIMIT
     if isinstance(builds, str) or not all(isinstance(name, str) and "." in name
                                           for name in builds):
         raise ValueError(f"builds must be a tuple of dotted names such as "
-                         f"'dsml.collectives.allgather.allgather', got {builds!r}")
+                         f"'dsml.collectives.allgather.allgather' or "
+                         f"'dsml.train.optim.Adam.update', got {builds!r}")
     if not isinstance(exercise_id, str) or not _ID_PATTERN.match(exercise_id):
         raise ValueError(f"exercise_id must look like '1.4' (week.number) or '5b.1', "
                          f"got {exercise_id!r}")
@@ -321,9 +322,27 @@ class BuildItYourself(Exception):
 
 
 def _resolve(dotted: str) -> Callable:
-    """The function named "package.module.function"."""
-    module_name, name = dotted.rsplit(".", 1)
-    return getattr(importlib.import_module(module_name), name)
+    """The function named "package.module.function" (or "package.module.Class.method")."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            target = getattr(target, name)
+        return target
+    raise ValueError(f"no importable module in {dotted!r}")
+
+
+def _owner_class(dotted: str):
+    """For "package.module.Class.method", the class; None for a module-level function."""
+    parts = dotted.split(".")
+    try:
+        owner = _resolve(".".join(parts[:-1]))
+    except (ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, type) else None
 
 
 def _unwrap(answer):
@@ -408,6 +427,13 @@ def _stand_ins(exercise_id: str, builds: tuple, answers: tuple, checker_code=Non
     try:
         for dotted in builds:
             real = _resolve(dotted)
+            owner = _owner_class(dotted)
+            if owner is not None:         # a method: replace it on its class (and so for
+                name = dotted.rsplit(".", 1)[1]          # the subclasses that inherit it)
+                stand_in = stand_in_for(real, dotted)
+                setattr(owner, name, stand_in)
+                swapped.append((owner, name, real, stand_in))
+                continue
             for namespace in dicts:
                 for name, value in list(namespace.items()):
                     if callable(value) and _wraps(value, real):    # itself or a wrapper of it
@@ -417,7 +443,10 @@ def _stand_ins(exercise_id: str, builds: tuple, answers: tuple, checker_code=Non
         yield called
     finally:
         for namespace, name, real, stand_in in reversed(swapped):
-            if namespace.get(name) is stand_in:
+            if isinstance(namespace, type):
+                if namespace.__dict__.get(name) is stand_in:
+                    setattr(namespace, name, real)
+            elif namespace.get(name) is stand_in:
                 namespace[name] = real
 
 

@@ -204,7 +204,7 @@ def adam_reference(w, g, m, v, t, lr, beta1, beta2, eps):
     return params["w"], new_m, new_v
 
 
-@checker("3.3", "one Adam step")
+@checker("3.3", "one Adam step", builds=("dsml.train.optim.Adam.update",))
 def check_adam_step(adam_step):
     rng = np.random.default_rng(3003)
     for shape, t, lr, beta1, beta2, eps in ADAM_CASES:
@@ -269,7 +269,7 @@ def lars_reference(w, g, trust_coefficient, weight_decay) -> float:
     return optimizer.trust["w"]
 
 
-@checker("3.4", "LARS local learning rate")
+@checker("3.4", "LARS local learning rate", builds=("dsml.train.optim.LARS.update",))
 def check_lars_local_lr(lars_local_lr):
     for name, w, g, tau, decay in _lars_cases():
         expected = lars_reference(w, g, tau, decay)

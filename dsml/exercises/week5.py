@@ -421,7 +421,8 @@ ACTIVATION_CASES = [(2048, 1, 12288, 96, 8, False, False), (2048, 1, 12288, 96, 
                     (512, 2, 2048, 16, 4, False, True), (4096, 1, 8192, 64, 2, True, False)]
 
 
-@checker("5.7", "activation bytes per transformer layer")
+@checker("5.7", "activation bytes per transformer layer",
+         builds=("dsml.memory.activation_bytes_per_layer",))
 def check_activation_bytes(activation_bytes):
     for case in ACTIVATION_CASES:
         s, b, h, a, t, sp, sel = case

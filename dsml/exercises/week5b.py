@@ -157,7 +157,10 @@ def measured_ring_bytes(batch, seq, hidden, cp, itemsize):
     return sent * itemsize // 8
 
 
-@checker("5b.3", "the bytes of one ring attention layer")
+@checker("5b.3", "the bytes of one ring attention layer",
+         builds=("dsml.context_parallel.ring_attention_kv_bytes",
+                 "dsml.context_parallel.ring_attention_forward",
+                 "dsml.context_parallel.ring_attention_backward"))
 def check_ring_attention_bytes(ring_attention_bytes):
     for batch, seq, hidden, cp, itemsize in BYTES_CASES:
         expected = measured_ring_bytes(batch, seq, hidden, cp, itemsize)

@@ -39,7 +39,8 @@ def gpu_mtbf_reference(interruptions, days, gpus) -> float:
     return gpus * days * 24 / interruptions
 
 
-@checker("6.1", "one GPU's mean time between failures")
+@checker("6.1", "one GPU's mean time between failures",
+         builds=("dsml.fault.interruption_statistics",))
 def check_gpu_mtbf_hours(gpu_mtbf_hours):
     for interruptions, days, gpus in MTBF_CASES:
         expected = gpu_mtbf_reference(interruptions, days, gpus)
@@ -235,7 +236,7 @@ class _FailingSource:
             yield chunk
 
 
-@checker("6.4", "an atomic write")
+@checker("6.4", "an atomic write", builds=("dsml.checkpoint.write_atomically",))
 def check_atomic_write(atomic_write):
     with tempfile.TemporaryDirectory(prefix="dsml-ex64-") as folder:
         folder = Path(folder)
