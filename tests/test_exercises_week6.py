@@ -562,8 +562,15 @@ def atomic_write_from_library(path, chunks):
     write_atomically(path, b"".join(chunks))
 
 
+def top_k_from_library(x, k):
+    from dsml.compression import TopK
+    indices = TopK(k=k).compress(x).arrays["indices"].astype(int)
+    return indices, x[indices]
+
+
 @pytest.mark.parametrize("exercise_id, answer, called", [
     ("6.1", mtbf_from_library, "dsml.fault.interruption_statistics"),
+    ("6.5", top_k_from_library, "dsml.compression.TopK.compress"),
     ("6.4", atomic_write_from_library, "dsml.checkpoint.write_atomically")])
 def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer, called):
     result = grade(exercise_id, answer)

@@ -295,7 +295,7 @@ def _topk_advice(x, k, indices) -> str:
     return "Keep the k entries of largest |x|."
 
 
-@checker("6.5", "top-k sparsification")
+@checker("6.5", "top-k sparsification", builds=("dsml.compression.TopK.compress",))
 def check_top_k(top_k):
     for x, k in _topk_cases():
         call = f"top_k(x of length {x.size}, k={k})"
