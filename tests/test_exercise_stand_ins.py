@@ -146,3 +146,15 @@ def test_a_rank_program_on_threads_is_refused_too(registered_allreduce):
     assert result.status == FAILED
     assert result.message.startswith(f"exercise {ALLREDUCE_ID} asks you to build this yourself")
     assert dsml.collectives.allreduce is allreduce
+
+
+def test_every_declared_build_names_a_library_function():
+    for entry in exercises.checkers():
+        for dotted in entry.builds:
+            assert dotted.startswith("dsml."), (entry.exercise_id, dotted)
+            assert callable(exercises._resolve(dotted)), (entry.exercise_id, dotted)
+
+
+def test_builds_must_be_dotted_names():
+    with pytest.raises(ValueError, match="builds must be a tuple of dotted names"):
+        checker("99.4", "bad", builds="dsml.fault.young_interval")
