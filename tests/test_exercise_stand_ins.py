@@ -158,3 +158,22 @@ def test_every_declared_build_names_a_library_function():
 def test_builds_must_be_dotted_names():
     with pytest.raises(ValueError, match="builds must be a tuple of dotted names"):
         checker("99.4", "bad", builds="dsml.fault.young_interval")
+
+
+class _Touchy:
+    """An object in the learner's module whose attribute lookup raises (as some proxies do)."""
+
+    def __call__(self):
+        return None
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name} here")
+
+
+touchy = _Touchy()
+
+
+def test_odd_objects_in_the_learners_module_do_not_break_the_check(registered):
+    assert grade(ID, by_hand).status == PASSED
+    assert grade(ID, calls_the_library).status == FAILED
+    assert everything_is_back()

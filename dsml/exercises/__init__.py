@@ -363,7 +363,10 @@ def _wraps(function, real) -> bool:
     for _ in range(10):
         if function is real:
             return True
-        function = getattr(function, "__wrapped__", None)
+        try:     # the learner's module may hold objects whose attribute lookup misbehaves
+            function = getattr(function, "__wrapped__", None)
+        except Exception:
+            return False
         if function is None:
             return False
     return False
