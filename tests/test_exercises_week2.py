@@ -619,7 +619,7 @@ def busbw_from_library(collective, p, nbytes, seconds):
 
 
 def allreduce_library_folding(comm, x):
-    return (yield from allreduce(comm, x))          # the default algorithm: the ring
+    return (yield from allreduce(comm, x))          # whatever the default algorithm is
 
 
 def ring_bandwidth_from_cost(p, nbytes, beta):
