@@ -16,16 +16,19 @@
         same here (-o avg is mean, -d float and double are float32 and float64, -c 0/1 is
         --no-check/--check, -m 1); those with no equivalent are refused, naming dsml's.
 
-    dsml calibrate [--engine processes|threads|mpi] [--output dsml-network.json] [-b 1]
-                   [-e 4M] [-f 4] [--round-trips N] [--repeats N]
-        the ping-pong of `dsml pingpong` plus γ (np.add per byte); writes α, β, γ and how they
-        were measured to a JSON file that dsml.net.load_network(path) loads for the simulator.
+    dsml calibrate [--engine processes|threads|mpi] [--output dsml-network.json] [-b 8]
+                   [-e 4M] [-f 2] [--steps N] [--repeats N]
+        times a collective's exchange step (sendrecv, then the block copied or added into a
+        new buffer) per size; fits α, β to the copying step and γ to what adding costs more;
+        warns of a suspect fit; writes α, β, γ and how they were measured to a JSON file that
+        dsml.net.load_network(path) loads for the simulator.
 
     dsml validate [--engine processes|threads|mpi] [--network FILE] [-p 2 4]
                   [--algorithm NAME ...] [-b 1K] [-e 4M] [-f 16] [--repeats N]
         runs each all-reduce algorithm for real over the sizes and world sizes, predicts each
         run on the simulator with the calibrated network (calibrating first without
-        --network), and prints size, algorithm, measured, predicted and error %.
+        --network), and prints size, algorithm, measured (median call, and its spread over
+        the runs), predicted and the ratio measured / predicted.
 
     dsml memory --model NAME | --layers L --hidden H --heads A --vocab V --seq-len S
                 [--kv-heads K] [--ffn-hidden F] [--style gpt|llama]
@@ -118,7 +121,15 @@ def main(argv=None) -> int:
     pp.add_argument("--beta", type=float, default=1e-10, help="engine sim: time per byte (s/B)")
     cal = _command(commands, "calibrate", help="measure α, β, γ of this machine and write "
                                                "them as a network file for the simulator")
-    _ping_pong_arguments(cal, round_trips=10)
+    cal.add_argument("--engine", choices=dsml.ENGINES, default="processes",
+                     help="default processes")
+    cal.add_argument("-b", "--begin", type=parse_size, default=8, help="smallest size (default 8)")
+    cal.add_argument("-e", "--end", type=parse_size, default=4 * 1024**2,
+                     help="largest size (default 4M)")
+    cal.add_argument("-f", "--factor", type=int, default=2, help="size multiplier (default 2)")
+    cal.add_argument("--steps", type=int, default=10,
+                     help="timed exchange steps of each kind per size and run (default 10)")
+    cal.add_argument("--repeats", type=int, default=3, help="runs (median; default 3)")
     cal.add_argument("--output", default="dsml-network.json",
                      help="where to write the network file (default dsml-network.json)")
     cal.add_argument("-o", action=_Refused, instead=(

@@ -5,30 +5,43 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from dsml.cli.pingpong import _one_way_table, _print_fit
+from dsml.cli.pingpong import _print_fit
 from dsml.cli.sizes import format_bytes, size_range
 
-
-GAMMA_NBYTES = 16 * 1024**2     # `dsml calibrate` times np.add on vectors larger than the caches
+LARGE = 64 * 1024    # bytes: `dsml validate` summarises the sizes from here up apart
 
 
 def calibrate(args) -> int:
-    """`dsml calibrate`: measure α and β (ping-pong, least squares) and γ (np.add) on this
-    machine and write them where the simulator can load them (dsml.net.load_network)."""
+    """`dsml calibrate`: measure α, β and γ on this machine the way collectives use the
+    transport (`dsml.comm.calibrate`) and write them where the simulator can load them
+    (dsml.net.load_network)."""
     import datetime
     import platform
 
+    from dsml.comm.calibrate import WARM_UP_STEPS, calibrate as measure_network
     from dsml.net.saved import save_network
 
     if args.engine == "sim":
         raise ValueError("--engine sim is a model already: calibrate a real engine "
                          "(processes, threads or mpi)")
-    sizes, times, measured = _one_way_table(args, None, gamma_nbytes=GAMMA_NBYTES)
+    sizes = size_range(args.begin, args.end, args.factor)
+    print(f"# calibration, 2 ranks, engine {args.engine}: an exchange step (sendrecv, then the "
+          f"received block copied or added into a new buffer) per size, {args.steps} timed of "
+          f"each after {WARM_UP_STEPS} untimed, the slower rank's median, median of "
+          f"{args.repeats} runs")
+    print(f"#{'size (B)':>11} {'copy step (µs)':>15} {'add step (µs)':>14} "
+          f"{'bandwidth (GB/s)':>17}")
+
+    def report(nbytes, copy, add):
+        print(f"{nbytes:>12d} {copy * 1e6:>15.2f} {add * 1e6:>14.2f} {nbytes / copy / 1e9:>17.4f}",
+              flush=True)
+
+    calibration = measure_network(args.engine, sizes, args.steps, args.repeats, report=report)
+    measured = calibration.network
     _print_fit(measured.alpha, measured.beta)
-    print(f"# gamma (np.add, float64, {format_bytes(GAMMA_NBYTES)}) = "
-          f"{measured.gamma * 1e9:.4f} ns/B")
+    print(f"# gamma (the add step's slope minus the copy step's) = {measured.gamma * 1e9:.4f} ns/B")
+    for warning in calibration.warnings:
+        print(f"# warning: {warning}")
     if measured.beta == 0:
         raise ValueError("the fit resolved no size dependence (beta = 0); nothing written: "
                          "widen the size range (-e) or add --repeats")
@@ -39,9 +52,10 @@ def calibrate(args) -> int:
     record = {"engine": args.engine, "host": platform.node(), "platform": platform.platform(),
               "python": platform.python_version(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "round_trips": args.round_trips, "repeats": args.repeats, "sizes": sizes,
-              "one_way_seconds": times,
-              "gamma_from": f"np.add of two float64 vectors of {GAMMA_NBYTES} bytes"}
+              "method": "exchange step (dsml.comm.calibrate.collective_steps)",
+              "steps": args.steps, "repeats": args.repeats, "sizes": sizes,
+              "step_seconds": calibration.step_seconds, "add_seconds": calibration.add_seconds,
+              "warnings": calibration.warnings}
     path = save_network(measured, args.output, record)
     print(f"# wrote {path}: {measured}")
     print(f"# load it with dsml.net.load_network({str(path)!r}), or pass --network {path} to "
@@ -66,9 +80,9 @@ def _validation_world_sizes(args) -> list[int]:
 
 def validate(args) -> int:
     """`dsml validate`: every all-reduce algorithm for real against the simulator's prediction
-    with a calibrated network; the table of errors."""
+    with a calibrated network; the table of ratios."""
     from dsml.collectives import ALLREDUCE_ALGORITHMS
-    from dsml.collectives.validate import BUDGET, available_cores
+    from dsml.collectives.validate import BUDGET, available_cores, summary
     from dsml.collectives.validate import validate as run_validation
     from dsml.comm.calibrate import calibrate as measure_network
     from dsml.net.saved import load_network
@@ -89,33 +103,41 @@ def validate(args) -> int:
         if args.engine == "mpi" and world_sizes != [2]:
             raise ValueError("calibrating needs a 2-rank job: run `mpiexec -n 2 dsml calibrate "
                              "--engine mpi --output net.json` first, then pass --network net.json")
-        network, _ = measure_network(args.engine, repeats=args.repeats)
-        source = f"calibrated now on {args.engine} (ping-pong 1 B … 4 MiB, np.add)"
+        calibration = measure_network(args.engine, repeats=args.repeats)
+        network = calibration.network
+        source = f"calibrated now on {args.engine} (exchange steps 8 B … 4 MiB)"
+        for warning in calibration.warnings:
+            print(f"# calibration warning: {warning}")
     print(f"# dsml validate: all-reduce on engine {args.engine}, world sizes "
-          f"{', '.join(map(str, world_sizes))}; each run: warm-ups, a barrier, then as many "
-          f"timed all-reduces as {format_bytes(BUDGET)} allows (5 to 200), the slowest rank's "
-          f"time; median of {args.repeats} runs, the algorithms taking turns")
+          f"{', '.join(map(str, world_sizes))}; each run: warm-ups, a barrier, then up to 200 "
+          f"all-reduces ({format_bytes(BUDGET)} at most), each timed; a rank's median call, the "
+          f"slowest rank; median of {args.repeats} runs, the algorithms taking turns")
     print(f"# model: {network}, {source}")
     if hasattr(os, "getloadavg"):        # other programs' load makes every measured time grow
         print(f"# load average at the start: {os.getloadavg()[0]:.1f} on {available_cores()} "
               f"cores")
-    print("# predicted: the simulator running the same timed loop over that model; "
-          "error = predicted / measured - 1 (negative: the model is optimistic)")
+    print("# predicted: the simulator running the same timed loop over that model; ratio = "
+          "measured / predicted (above 1: the model is optimistic); spread: the fastest and "
+          "slowest run")
     print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (µs)':>14} "
-          f"{'predicted (µs)':>15} {'error':>8}")
+          f"{'spread (µs)':>17} {'predicted (µs)':>15} {'ratio':>7}")
 
     def report(row):
+        low, high = row.spread
         print(f"{row.world_size:>4} {row.algorithm:>19} {row.nbytes:>10} "
-              f"{row.measured * 1e6:>14.1f} {row.predicted * 1e6:>15.1f} "
-              f"{100 * row.error:>+7.0f}%", flush=True)
+              f"{row.measured * 1e6:>14.1f} {f'{low * 1e6:.1f}-{high * 1e6:.1f}':>17} "
+              f"{row.predicted * 1e6:>15.1f} {row.ratio:>6.2f}x", flush=True)
 
     rows = run_validation(network, args.engine, algorithms, sizes, world_sizes, args.repeats,
                           report=report)
     cores = available_cores()
     for p in world_sizes:
-        errors = [abs(row.error) for row in rows if row.world_size == p]
-        large = [abs(row.error) for row in rows if row.world_size == p and row.nbytes >= 65536]
-        print(f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): median |error| "
-              f"{100 * float(np.median(errors)):.0f}%, largest {100 * max(errors):.0f}%"
-              + (f"; at ≥ 64 KiB median {100 * float(np.median(large)):.0f}%" if large else ""))
+        mine = [row for row in rows if row.world_size == p]
+        median, worst = summary(mine)
+        line = (f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): measured / predicted "
+                f"median {median:.2f}x, worst {worst:.2f}x")
+        if any(row.nbytes >= LARGE for row in mine):
+            median, worst = summary(mine, LARGE)
+            line += f"; at ≥ 64 KiB median {median:.2f}x, worst {worst:.2f}x"
+        print(line)
     return 0

@@ -20,7 +20,7 @@ def _flag(name: str) -> str:
 # of running for hours or exhausting memory.
 MAX_BENCH_WORLD_SIZE = 1024        # dsml bench --world-size (an all-to-all is p² messages)
 MAX_SEARCH_DEVICES = 1 << 20       # dsml memory --search --devices (about a million)
-ARRAY_COPIES = {"pingpong": 2, "calibrate": 2, "validate": 4, "bench": 4}   # see _check_sizes
+ARRAY_COPIES = {"pingpong": 2, "calibrate": 4, "validate": 4, "bench": 4}   # see _check_sizes
 
 
 def _physical_memory() -> int | None:
@@ -82,7 +82,7 @@ def _check_range(args) -> None:
 def check_arguments(args) -> None:
     """Checks every command shares (counts ≥ 1, sizes that fit in memory) and the bounds
     above; raise ValueError naming the flag, the value and the valid range."""
-    for name in ("round_trips", "repeats", "iters", "top"):
+    for name in ("round_trips", "steps", "repeats", "iters", "top"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ValueError(f"{_flag(name)} must be ≥ 1, got {value}")

@@ -1,15 +1,14 @@
 """Plumbing (hand-written): `dsml pingpong`, one-way message time between two ranks over a
-range of sizes and the α, β fitted to it (the table `dsml calibrate` prints too)."""
+range of sizes and the α, β fitted to it."""
 from __future__ import annotations
 
 from dsml.cli.sizes import size_range
 
 
-def _one_way_table(args, network, gamma_nbytes=None):
-    """The ping-pong of `dsml pingpong` and `dsml calibrate`: print one row per size as it is
-    measured; return (sizes, one-way times, the calibrated AlphaBeta; γ measured on
-    `gamma_nbytes` bytes if given, else 0)."""
-    from dsml.comm.calibrate import WARM_UP_ROUND_TRIPS, calibrate
+def _one_way_table(args, network):
+    """The ping-pong of `dsml pingpong`: print one row per size as it is measured; return
+    (sizes, one-way times)."""
+    from dsml.comm.calibrate import WARM_UP_ROUND_TRIPS, measure, ping_pong
 
     sizes = size_range(args.begin, args.end, args.factor)
     print(f"# ping-pong, 2 ranks, engine {args.engine}, {args.round_trips} round trips per run "
@@ -20,9 +19,12 @@ def _one_way_table(args, network, gamma_nbytes=None):
     def report(nbytes, seconds):
         print(f"{nbytes:>12d} {seconds * 1e6:>14.2f} {nbytes / seconds / 1e9:>18.4f}", flush=True)
 
-    measured, times = calibrate(args.engine, sizes, args.round_trips, args.repeats,
-                                gamma_nbytes=gamma_nbytes, network=network, report=report)
-    return sizes, times, measured
+    times = []
+    for nbytes in sizes:
+        times.append(measure(ping_pong, 2, (nbytes, args.round_trips), args.repeats,
+                             args.engine, network=network))
+        report(nbytes, times[-1])
+    return sizes, times
 
 
 def _print_fit(alpha: float, beta: float) -> None:
@@ -41,6 +43,6 @@ def pingpong(args) -> int:
     from dsml.net.fit import fit_alpha_beta
 
     network = dsml.net.AlphaBeta(args.alpha, args.beta) if args.engine == "sim" else None
-    sizes, times, _ = _one_way_table(args, network)
+    sizes, times = _one_way_table(args, network)
     _print_fit(*fit_alpha_beta(sizes, times))
     return 0
