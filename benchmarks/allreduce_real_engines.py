@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
                         help="dsml-mpi: the all-reduce algorithms to time (default all; the "
                              "ring is always timed, for the first table)")
-    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS,
+    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS + ("auto",),
                         help="the algorithm of the dsml column (default ring; MPI picks its own)")
     parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
     # worker modes (started by this script)

@@ -245,7 +245,7 @@ def synchronous_steps(comm, step_times: np.ndarray):
     ends = []
     for step in range(step_times.shape[0]):
         yield comm.compute(float(step_times[step, comm.rank]))
-        yield from allreduce(comm, np.zeros(1))
+        yield from allreduce(comm, np.zeros(1), algorithm="ring")
         ends.append((yield comm.now()))
     return ends
 

@@ -231,6 +231,8 @@ def _validate_bench(args) -> None:
     if args.world_size < 1:
         raise ValueError(f"--world-size must be ≥ 1, got {args.world_size}")
     algorithms = COLLECTIVE_ALGORITHMS[args.collective]
+    if args.collective == "allreduce":
+        algorithms = algorithms + ("auto",)      # the default: chosen by the engine's α, β, γ
     if args.algorithm not in algorithms:
         raise ValueError(f"unknown {args.collective} algorithm {args.algorithm!r}; choose one "
                          f"of {', '.join(algorithms)}")
@@ -349,7 +351,9 @@ def _print_bench_header(args, network, itemsize: int) -> None:
     collective, p = args.collective, args.world_size
     reducing, rooted = collective in REDUCING, collective in ROOTED
     print(f"# dsml bench {collective}: engine {args.engine}, {p} rank{'s' * (p != 1)}, "
-          f"algorithm {args.algorithm}, dtype {args.dtype}, "
+          f"algorithm {args.algorithm}"
+          + (" (the cheapest by the α–β–γ model with the engine's α, β, γ)"
+             if args.algorithm == "auto" else "") + f", dtype {args.dtype}, "
           f"op {args.op if reducing else 'none'}" + (f", root {args.root}" if rooted else ""))
     if network is not None:
         print(f"# network: AlphaBeta(alpha={network.alpha:g} s, beta={network.beta:g} s/B, "

@@ -24,6 +24,7 @@ from collections import deque
 
 from dsml.comm import sim_core
 from dsml.comm.api import ADDED_REQUESTS, Combine, RunResult, SizeOnly, snapshot
+from dsml.comm.costs import simulating
 from dsml.comm.mistakes import describe_messages, unreceived
 from dsml.sim import PENDING, DeadlockError, Thrown
 
@@ -145,7 +146,8 @@ class SimEngine(sim_core.SimEngine):
 
     def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
         try:
-            result = super().run(program, args, kwargs, max_events, timeout)
+            with simulating(self.network):     # "auto" collectives choose by its α, β, γ
+                result = super().run(program, args, kwargs, max_events, timeout)
         except DeadlockError as deadlock:
             unread = unreceived(self.mailbox)
             if not unread:
