@@ -230,8 +230,16 @@ def test_bench_refuses_a_range_with_no_size(capsys, argv, words):
     (["pingpong", "-f", "0"], "-f/--factor must be ≥ 2"),
     (["calibrate", "-b", "1M", "-e", "1K"], "the range -b 1M … -e 1K is empty"),
     (["validate", "-b", "3", "-e", "3"],
-     "dsml validate all-reduces float64 vectors: every size must be a multiple of 8 B; "
+     "dsml validate times float64 vectors: every size must be a multiple of 8 B; "
      "-b 3 -e 3 -f 16 gives 3 B"),
+    (["calibrate", "-b", "12", "-e", "1K", "-f", "3"],
+     "dsml calibrate times float64 vectors: every size must be a multiple of 8 B; -b 12 -e 1K "
+     "-f 3 gives 12 B, 36 B, 108 B …"),
+    (["calibrate", "-b", "64", "-e", "64"], "dsml calibrate fits α, β and γ to a line through "
+                                            "the sizes: -b 64 -e 64 -f 2 gives one size (64 B)"),
+    (["pingpong", "-b", "1K", "-e", "2K", "-f", "4"], "dsml pingpong fits α and β to a line "
+                                                      "through the sizes: -b 1K -e 2K -f 4 "
+                                                      "gives one size (1K)"),
     (["validate", "-b", "4K", "-e", "1K"], "the range -b 4K … -e 1K is empty"),
 ])
 def test_pingpong_calibrate_and_validate_refuse_a_bad_range_before_measuring(

@@ -91,8 +91,8 @@ def _command(commands, name: str, help: str):
 
 
 def _ping_pong_arguments(parser, round_trips: int) -> None:
-    """What `dsml pingpong` and `dsml calibrate` both take: the engine and the sizes, round
-    trips and repeats of the ping-pong (`_one_way_table`)."""
+    """What `dsml pingpong` takes: the engine and the sizes, round trips and repeats of the
+    ping-pong (`_one_way_table`)."""
     import dsml
 
     parser.add_argument("--engine", choices=dsml.ENGINES, default="processes",

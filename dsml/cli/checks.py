@@ -8,7 +8,8 @@ import os
 
 from dsml.cli.sizes import format_bytes, size_range, typed
 
-VALIDATE_ITEMSIZE = 8              # dsml validate all-reduces float64 vectors
+FLOAT64_COMMANDS = ("calibrate", "validate")   # their sizes are float64 vectors (8 B)
+LINE_FITS = {"pingpong": "α and β", "calibrate": "α, β and γ"}   # need two sizes at least
 
 
 def _flag(name: str) -> str:
@@ -67,16 +68,21 @@ def _check_writable(path, flag: str) -> None:
 
 def _check_range(args) -> None:
     """-b, -e, -f of pingpong, calibrate and validate: a range of at least one size (size_range
-    refuses the rest, naming the flags); validate's sizes whole float64 vectors."""
+    refuses the rest, naming the flags); calibrate's and validate's sizes whole float64
+    vectors; at least two sizes where a line is fitted."""
     sizes = size_range(args.begin, args.end, args.factor)
-    if args.command == "validate":
-        odd = [n for n in sizes if n % VALIDATE_ITEMSIZE]
+    given = f"-b {typed(args.begin)} -e {typed(args.end)} -f {args.factor}"
+    if args.command in FLOAT64_COMMANDS:
+        odd = [n for n in sizes if n % 8]
         if odd:
-            raise ValueError(f"dsml validate all-reduces float64 vectors: every size must be a "
-                             f"multiple of {VALIDATE_ITEMSIZE} B; -b {typed(args.begin)} -e "
-                             f"{typed(args.end)} -f {args.factor} gives "
+            raise ValueError(f"dsml {args.command} times float64 vectors: every size must be a "
+                             f"multiple of 8 B; {given} gives "
                              f"{', '.join(map(format_bytes, odd[:3]))}"
                              + (" …" if len(odd) > 3 else ""))
+    if args.command in LINE_FITS and len(sizes) < 2:
+        raise ValueError(f"dsml {args.command} fits {LINE_FITS[args.command]} to a line through "
+                         f"the sizes: {given} gives one size ({format_bytes(sizes[0])}); give a "
+                         f"larger -e/--end or a smaller -f/--factor")
 
 
 def check_arguments(args) -> None:
