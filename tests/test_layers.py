@@ -11,6 +11,7 @@ PACKAGE = ROOT / "dsml"
 # modules of its own layer or lower ones. A new top-level module must be added here.
 LAYERS = {
     "dsml.utils": 0,
+    "dsml.validate_args": 0,
     "dsml.sim": 1,
     "dsml.sim_support": 1,
     "dsml.net": 2,

@@ -3,15 +3,20 @@ all-reduce, reduce-scatter) that the shape-and-dtype comparison in the messages 
 
 NumPy adds booleans with a logical OR (`np.add(True, True)` is True), so op="sum" — and "mean",
 which divides that sum — on a bool array would return an OR, not a count. Refused here, with
-the two ways out named, rather than handed back as a plausible-looking wrong answer.
+the two ways out named, rather than handed back as a plausible-looking wrong answer. So is an
+array of strings or objects: NumPy's "sum" of strings is cut to the first one's width.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from dsml.validate_args import numeric_array
+
 
 def check_reducible(x, op: str, what: str) -> None:
-    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text)."""
+    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text), and
+    TypeError if `x` holds no numbers (NumPy "adds" strings by cutting them to one width)."""
+    numeric_array(f"{what}: x", x)
     if isinstance(x, np.ndarray) and x.dtype.kind == "b" and op in ("sum", "mean"):
         raise ValueError(
             f"{what}: op={op!r} on a bool array would be a logical OR, not a count (NumPy adds "

@@ -1,5 +1,8 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# imports repeated from earlier cells of the same notebook (added by the exporter)
+from dsml.validate_args import positive_number
+
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.net.alphabeta import check_time_parameter
 
@@ -58,10 +61,8 @@ class Topology:
         self.links = {}   # (u, v) -> (latency s, seconds per byte)
         for u, v, data in graph.edges(data=True):
             lat = check_time_parameter(f"latency of link {u}-{v}", data.get("latency", latency))
-            bw = float(data.get("bandwidth", bandwidth))
-            if not (bw > 0 and math.isfinite(bw)):
-                raise ValueError(f"bandwidth of link {u}-{v} must be a finite number > 0 "
-                                 f"(bytes/s), got {bw}")
+            bw = positive_number(f"bandwidth of link {u}-{v}", data.get("bandwidth", bandwidth),
+                                 unit="bytes/s")
             self.links[(u, v)] = self.links[(v, u)] = (lat, 1.0 / bw)
         self._routes, self._route_latency = {}, {}
 
