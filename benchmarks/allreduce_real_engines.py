@@ -191,7 +191,7 @@ def plain_worker(rank, p, sizes, quick, names, slot, pipes, result_conn):
     it writes into its slots again."""
     from multiprocessing import shared_memory
 
-    from dsml.comm.processes import keep_freed_memory
+    from dsml.comm.rank_process import keep_freed_memory
     keep_freed_memory()       # the malloc setting dsml's ranks use: results reuse freed memory
     right, left = (rank + 1) % p, (rank - 1) % p
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -262,23 +262,35 @@ def message_pairs(records) -> list:
     return pairs
 
 
-def _middle(record) -> float:
-    """A time inside the record's slice (µs, whole ns), for a flow event to bind to it."""
-    start, end = round(record.start * 1e9), round(record.end * 1e9)
-    return (start + end) // 2 / 1e3
+def _ns(time: float) -> int:
+    return round(time * 1e9)
+
+
+def flow_times(send, receive) -> tuple:
+    """(tail, head) of a message's arrow, µs in whole ns: the tail inside the send's slice,
+    the head inside the receive's and never before the tail. On a real engine a receive is
+    often posted long before its message is sent, so the middles of the two slices (the
+    arrow's ends before) put the head before the tail; the tail is the middle of the part of
+    the send before the receive ends, the head the middle of the receive or the tail,
+    whichever is later."""
+    start = _ns(send.start)
+    tail = (start + max(start, min(_ns(send.end), _ns(receive.end)))) // 2
+    head = max(tail, (_ns(receive.start) + _ns(receive.end)) // 2)
+    return tail / 1e3, head / 1e3
 
 
 def message_flows(records, width: int) -> list:
     """Flow events, an arrow from each send's slice to its receive's (legacy "s"/"f" events,
     which Perfetto and chrome://tracing both draw; "bp": "e" binds the arrow's head to the
-    slice that encloses it rather than the next one)."""
+    slice that encloses it rather than the next one), times from `flow_times`."""
     events = []
     for number, (send, receive) in enumerate(message_pairs(records)):
         common = {"name": "message", "cat": "message", "id": number}
+        tail, head = flow_times(send, receive)
         events.append({**common, "ph": "s", "pid": send.rank,
-                       "tid": send.rank + send.track * width, "ts": _middle(send)})
+                       "tid": send.rank + send.track * width, "ts": tail})
         events.append({**common, "ph": "f", "bp": "e", "pid": receive.rank,
-                       "tid": receive.rank + receive.track * width, "ts": _middle(receive)})
+                       "tid": receive.rank + receive.track * width, "ts": head})
     return events
 
 

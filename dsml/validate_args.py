@@ -46,7 +46,8 @@ def positive_number(name: str, value, allow_zero: bool = False, allow_inf: bool 
 
 
 def integer(name: str, value, minimum: int | None = None) -> int:
-    """`value` as an int: an integer (not a bool, nor a float such as 2.0), ≥ `minimum` if given."""
+    """`value` as an int: an integer (not a bool, nor a float such as 2.0), ≥ `minimum` if
+    given."""
     if type(value) is int and (minimum is None or value >= minimum):
         return value
     what = "an integer" + ("" if minimum is None else f" ≥ {minimum}")

@@ -211,7 +211,8 @@ def test_the_validators_name_the_argument_the_rule_and_the_value():
     with pytest.raises(ValueError, match=r"^n must be an integer ≥ 1, got 0$"):
         integer("n", 0, 1)
     assert numeric_array("x", np.zeros(2, bool)) is not None
-    with pytest.raises(TypeError, match=r"^x must be an array of numbers .* got dtype datetime64\[s\]$"):
+    with pytest.raises(TypeError, match=r"^x must be an array of numbers .* got dtype "
+                                        r"datetime64\[s\]$"):
         numeric_array("x", np.zeros(2, "datetime64[s]"))
 
 

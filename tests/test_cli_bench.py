@@ -359,7 +359,7 @@ def test_count_is_per_rank_for_blocked_collectives_and_whole_otherwise(capsys):
 
 def test_time_over_ranks_follows_dash_a(capsys, monkeypatch):
     """Each rank reports its own time; -a 0/1/2/3 takes rank 0's, the mean, the min, the max."""
-    import dsml.cli as cli_module
+    import dsml.cli.bench as cli_module
 
     def fake_bench_rank(comm, spec):
         yield comm.compute(0.0)
@@ -374,7 +374,7 @@ def test_time_over_ranks_follows_dash_a(capsys, monkeypatch):
 
 
 def test_defaults_follow_nccl_tests_and_the_header_says_so(capsys, monkeypatch):
-    import dsml.cli as cli_module
+    import dsml.cli.bench as cli_module
 
     seen = {}
 

@@ -41,7 +41,7 @@ LAYERS = {
     "dsml.capstone": 6,
     "dsml.viz": 7,
     "dsml.exercises": 8,
-    "dsml.cli": 9,
+    "dsml.cli": 9,        # a package: dsml.cli.bench, .memory, … take its layer
     "dsml.__main__": 9,
     "dsml": 9,            # the package itself (dsml/__init__.py re-exports everything)
 }

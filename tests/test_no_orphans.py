@@ -20,7 +20,7 @@ import pytest
 
 import dsml
 from dsml import RankError
-from dsml.comm import processes
+from dsml.comm import rank_process, segments
 from dsml.comm.failures import PeerFailed
 from dsml.sim import DeadlockError
 from leaks import nothing_left_behind  # noqa: F401
@@ -139,14 +139,14 @@ def test_the_next_run_sweeps_segments_whose_parent_is_dead():
 
 
 def test_a_live_parents_segments_are_not_swept():
-    assert processes.sweep_segments() == [] or True     # nothing of ours is swept:
+    assert segments.sweep_segments() == [] or True     # nothing of ours is swept:
     mine = f"dsml_{os.getpid()}_sweeptest_0"
     if not HAVE_DEV_SHM:
         pytest.skip("no /dev/shm listing")
     fd = os.open(f"/dev/shm/{mine}", os.O_CREAT | os.O_RDWR, 0o600)
     os.close(fd)
     try:
-        assert mine not in processes.sweep_segments()
+        assert mine not in segments.sweep_segments()
         assert os.path.exists(f"/dev/shm/{mine}")
     finally:
         os.unlink(f"/dev/shm/{mine}")
@@ -345,14 +345,14 @@ def big_result(comm):
 def test_a_rank_stopped_while_writing_its_result_is_named_at_the_deadline(monkeypatch):
     """The parent reads results without blocking: a child stopped half-way through writing
     its result does not hold the parent past its timeout."""
-    real_write_all = processes._write_all
+    real_write_all = rank_process._write_all
 
     def write_half_then_stop(fd, data):
         if len(data) > 1_000_000:
             real_write_all(fd, data[:len(data) // 2])
             os.kill(os.getpid(), signal.SIGSTOP)
         real_write_all(fd, data)
-    monkeypatch.setattr(processes, "_write_all", write_half_then_stop)   # forked ranks see it
+    monkeypatch.setattr(rank_process, "_write_all", write_half_then_stop)   # forked ranks see it
     start = time.monotonic()
     with pytest.raises(RankError, match=r"did not finish within the timeout of 3 s") as info:
         dsml.run(big_result, 2, engine="processes", timeout=3)

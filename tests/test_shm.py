@@ -18,7 +18,7 @@ import pytest
 
 import dsml
 from dsml import RankError
-from dsml.comm import processes
+from dsml.comm import blas, frames, rank_process, segments
 from leaks import HAVE_DEV_SHM, nothing_left_behind  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def run(program, p, **kwargs):
 def payloads():
     """Arrays around and above the threshold, of every kind of dtype, with awkward bits."""
     rng = np.random.default_rng(0)
-    t = processes.SHM_THRESHOLD
+    t = segments.SHM_THRESHOLD
     weird = rng.standard_normal(t // 8 + 3)
     weird[::7] = np.nan
     weird[1] = -0.0
@@ -255,7 +255,7 @@ def test_a_rank_that_fails_holding_received_arrays_leaves_nothing_and_prints_not
 def test_ranks_keep_freed_memory_for_reuse():
     def ask(comm):
         yield comm.compute(0.0)
-        return processes.keep_freed_memory()
+        return rank_process.keep_freed_memory()
 
     assert run(ask, 2).values == [True, True]
 
@@ -295,7 +295,7 @@ def small_payloads():
 
 
 def goes_raw(payload) -> bool:
-    return processes.encode_frame(0, payload)[8] == processes._RAW
+    return frames.encode_frame(0, payload)[8] == frames._RAW
 
 
 def test_plain_arrays_go_raw_and_everything_else_is_pickled():
@@ -311,10 +311,10 @@ def test_plain_arrays_go_raw_and_everything_else_is_pickled():
 @pytest.mark.parametrize("name", list(small_payloads()))
 def test_frames_decode_to_the_same_bits(name):
     x = small_payloads()[name]
-    frame = processes.encode_frame(9, x)
+    frame = frames.encode_frame(9, x)
     # as the receiver sees it: after other bytes, in a buffer it keeps reusing
     buffer = bytearray(b"junk" + frame + b"more")
-    tag, back = processes.decode_frame(buffer, 4, len(frame) - 8)
+    tag, back = frames.decode_frame(buffer, 4, len(frame) - 8)
     assert tag == 9
     if x.dtype.hasobject:
         assert back.dtype == x.dtype and list(back) == list(x)
@@ -327,15 +327,15 @@ def test_frames_decode_to_the_same_bits(name):
 
 
 def test_references_to_segments_and_acknowledgements_have_frames_of_their_own():
-    ref = processes.ShmRef("dsml_1_2_3_4", (5, 0, 7), np.dtype(">f4"))
-    frame = processes.encode_frame(11, ref)
-    assert frame[8] == processes._REF
-    tag, back = processes.decode_frame(bytearray(frame), 0, len(frame) - 8)
+    ref = segments.ShmRef("dsml_1_2_3_4", (5, 0, 7), np.dtype(">f4"))
+    frame = frames.encode_frame(11, ref)
+    assert frame[8] == frames._REF
+    tag, back = frames.decode_frame(bytearray(frame), 0, len(frame) - 8)
     assert (tag, back.name, back.shape, back.dtype) == (11, ref.name, ref.shape, ref.dtype)
     names = ["dsml_1_2_0_0", "dsml_1_2_0_17"]
-    frame = processes.encode_frame(processes._ACK, names)
-    assert frame[8] == processes._NAMES
-    assert processes.decode_frame(bytearray(frame), 0, len(frame) - 8) == (processes._ACK, names)
+    frame = frames.encode_frame(frames._ACK, names)
+    assert frame[8] == frames._NAMES
+    assert frames.decode_frame(bytearray(frame), 0, len(frame) - 8) == (frames._ACK, names)
 
 
 def test_small_arrays_and_structured_messages_arrive_intact_between_processes():
@@ -453,7 +453,7 @@ def test_no_segment_is_left_after_a_failure(what, pattern):
 
 
 def test_without_a_listing_the_counted_names_are_unlinked(monkeypatch):
-    monkeypatch.setattr(processes, "SHM_DIR", "/nonexistent-shm-listing")
+    monkeypatch.setattr(segments, "SHM_DIR", "/nonexistent-shm-listing")
     with pytest.raises(RankError, match=r"rank 1 failed: ValueError"):
         run(sends_big_then, 2, args=("raise",))
 
@@ -496,13 +496,13 @@ def test_spawned_children_share_the_tracker_and_clean_up(monkeypatch, method):
 def test_children_run_blas_with_one_thread():
     def report(comm):
         yield comm.compute(0.0)
-        return processes.blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
+        return blas.blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
 
-    before = processes.blas_threads()
+    before = blas.blas_threads()
     values = run(report, 2).values
     for counts, variable in values:
         assert variable == "1"
         assert all(n == 1 for n in counts)
-    assert processes.blas_threads() == before        # the parent's BLAS is left alone
+    assert blas.blas_threads() == before        # the parent's BLAS is left alone
     if not values[0][0]:
         pytest.skip("this NumPy's BLAS does not say how many threads it uses")

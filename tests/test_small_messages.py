@@ -16,7 +16,7 @@ import pytest
 
 import dsml
 from dsml.collectives import allreduce
-from dsml.comm import processes
+from dsml.comm import frames, segments
 from dsml.comm.api import Comm
 from dsml.comm.failures import PeerFailed
 from dsml.sim import DeadlockError
@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_a_frame_read_whole_decodes_as_the_general_path_does(name):
     x = small_payloads()[name]
     for _ in range(2):                    # first the head is parsed, then it comes from the cache
-        frame = processes.encode_frame(9, x)
-        tag, whole = processes.decode_whole(frame)
-        general_tag, general = processes.decode_frame(bytearray(frame), 0, len(frame) - 8)
+        frame = frames.encode_frame(9, x)
+        tag, whole = frames.decode_whole(frame)
+        general_tag, general = frames.decode_frame(bytearray(frame), 0, len(frame) - 8)
         assert tag == general_tag == 9
         assert same_bits(whole, x) and same_bits(general, x)
         assert whole.flags.writeable and whole.flags.c_contiguous
@@ -46,15 +46,15 @@ def test_a_frame_read_whole_decodes_as_the_general_path_does(name):
 
 def test_heads_are_cached_per_tag_dtype_and_shape_and_only_below_the_threshold():
     small = np.arange(10, dtype=np.float32)
-    big = np.zeros(processes.SHM_THRESHOLD // 8, dtype=np.float64)
-    processes.encode_frame(3, small)
-    processes.encode_frame(3, big)
-    assert (3, small.dtype, small.shape) in processes._HEADS
-    assert (3, big.dtype, big.shape) not in processes._HEADS   # goes through shared memory
-    one, other = processes.encode_frame(3, small), processes.encode_frame(4, small)
+    big = np.zeros(segments.SHM_THRESHOLD // 8, dtype=np.float64)
+    frames.encode_frame(3, small)
+    frames.encode_frame(3, big)
+    assert (3, small.dtype, small.shape) in frames._HEADS
+    assert (3, big.dtype, big.shape) not in frames._HEADS   # goes through shared memory
+    one, other = frames.encode_frame(3, small), frames.encode_frame(4, small)
     assert one != other                                       # the tag is part of the head
-    assert processes.decode_whole(other)[0] == 4
-    assert processes.decode_whole(processes.encode_frame(3, small.reshape(2, 5)))[1].shape \
+    assert frames.decode_whole(other)[0] == 4
+    assert frames.decode_whole(frames.encode_frame(3, small.reshape(2, 5)))[1].shape \
         == (2, 5)
 
 
@@ -70,7 +70,7 @@ def mixed_messages(comm):
                 (np.arange(4.0) * comm.rank).reshape(2, 2),
                 np.array([True, False, comm.rank == 1]),
                 {"step": comm.rank, "w": np.ones(3)},
-                np.full(processes.SHM_THRESHOLD // 4, comm.rank, dtype=np.float32)]
+                np.full(segments.SHM_THRESHOLD // 4, comm.rank, dtype=np.float32)]
     for tag, payload in enumerate(payloads):
         yield comm.send(peer, payload, tag=tag)
     for tag in (4, 1, 3, 0, 2):

@@ -72,7 +72,7 @@ from dsml.comm.api import RankError, RunResult
 from dsml.comm.driver import (MatchingTransport, Outcome, Status, STATUS_FIELDS,
                               check_all_received, describe_exception, drive, make_result,
                               rank_failed, timed_out)
-from dsml.comm.processes import _dtype_code, _dtype_of
+from dsml.comm.frames import _dtype_code, _dtype_of
 
 INSTALL = "pip install -e '.[mpi]'"    # mpi4py and MPICH from PyPI (the `mpich` wheel)
 DATA_TAG = 17               # the MPI tag of every dsml message on a run's communicator

@@ -28,9 +28,10 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     a common start (after all ranks are up) to the last finish, and a run where every
     unfinished rank waits for a message that no rank will send raises DeadlockError at once.
     `timeout` (s > 0; None or float('inf') for no limit) bounds the run on every engine (on
-    "sim", in wall-clock seconds, read between steps: a rank that never yields is not stopped). engine "mpi": every process of an MPI job calls `run`, and
-    each runs its own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or
-    None to take it; every process gets the same RunResult. `trace=False` skips recording.
+    "sim", in wall-clock seconds, read between steps: a rank that never yields is not stopped).
+    engine "mpi": every process of an MPI job calls `run`, and each runs its own rank (mpi4py;
+    `dsml.comm.mpi`); `world_size` must be the job's size, or None to take it; every process
+    gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only) bounds a simulation's steps (events, and requests answered at
     once; an integer ≥ 1, or None: dsml.sim_support.DEFAULT_MAX_EVENTS); past it, or past
     `timeout`, the simulator raises dsml.sim.LimitExceeded saying what each rank was doing.

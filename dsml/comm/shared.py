@@ -23,7 +23,7 @@ with no messages at all. Two pieces make that safe to run from a notebook or a t
   against wall time). When a worker raises, dies, or the deadline passes, every worker is killed
   and joined before `WorkerError` (`WorkerTimeout` for the deadline) names the worker. Children
   use one BLAS thread, as the engines' do, and end when the parent dies (as the engines' ranks
-  do: `processes.die_with_parent`); the parent's segments are then unlinked by Python's resource
+  do: `orphans.die_with_parent`); the parent's segments are then unlinked by Python's resource
   tracker, with which each is registered.
 """
 from __future__ import annotations
@@ -42,8 +42,10 @@ import _posixshmem
 
 import numpy as np
 
+from dsml.comm.blas import one_blas_thread
 from dsml.comm.driver import describe_exception, stop_children
-from dsml.comm.processes import SHM_PREFIX, die_with_parent, one_blas_thread
+from dsml.comm.orphans import die_with_parent
+from dsml.comm.segments import SHM_PREFIX
 
 __all__ = ["SharedArrays", "run_workers", "fork_context", "WorkerError", "WorkerTimeout"]
 
