@@ -2,8 +2,9 @@
 
 
 # -- cell 156
-import numbers
 from dataclasses import dataclass
+
+from dsml.validate_args import integer
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -12,9 +13,7 @@ POSITIONS = ("learned", "rotary")
 
 def _check_count(name: str, value) -> int:
     """`value` if it is an integer ≥ 1 (a size, a number of layers or ranks), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
-    return int(value)
+    return integer(name, value, 1)
 
 
 def _check_choice(name: str, value, choices) -> None:

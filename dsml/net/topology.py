@@ -10,12 +10,12 @@ from dsml.net.alphabeta import check_time_parameter
 # -- cell 78
 import itertools
 import math
-import numbers
 
 import networkx as nx
 
 from dsml.net.flows import FairSharing
 from dsml.utils import add_to_class
+from dsml.validate_args import integer
 
 
 class Topology:
@@ -163,9 +163,7 @@ HOST_OVERHEAD = 1e-6       # s: one-byte RDMA over InfiniBand HDR takes 1.2 µs 
 
 
 def _check_count(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum)
 
 
 def ring(p: int, latency: float = 1e-6, bandwidth: float = 10e9, *,
