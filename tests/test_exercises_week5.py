@@ -146,7 +146,7 @@ def activations_ignore_sequence_parallel(seq, batch, hidden, heads, tp, sequence
 # --- 5.8: the layout that fits -------------------------------------------------------------------
 
 def _tp_loop(model, dp, pp, zero, micro_batch, microbatches, device_gb, sizes, fits):
-    from dsml.memory import preset
+    from dsml.model_config import preset
     config = preset(model)
     for tp in sizes:
         if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
@@ -383,7 +383,8 @@ def test_the_zb_h1_reference_is_the_library_schedule_and_holds_no_more_than_1f1b
 
 def test_the_step_model_bytes_are_the_collectives_of_the_statement():
     from dsml.exercises.week5 import step_model_data_bytes
-    from dsml.memory import params_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import params_per_rank
     psi = params_per_rank(preset("gpt2"))
     one = 2 * psi * 3 / 4
     assert step_model_data_bytes("gpt2", 4, 2, 4) == pytest.approx(5 * one, rel=1e-9)
@@ -405,7 +406,8 @@ def test_exercise_cells_match_the_checkers():
 
 def notebook_namespace() -> dict:
     """The names the exercise cells use from the notebook above them (section 4's accountant)."""
-    from dsml.memory import GB, Layout, memory_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import GB, Layout, memory_per_rank
     return {"math": math, "GB": GB, "Layout": Layout, "memory_per_rank": memory_per_rank,
             "preset": preset}
 
@@ -432,7 +434,8 @@ def test_examples_in_the_statements_hold():
     assert solution.gpt_num_params(1, 4, 10, 3) == 304
     assert solution.activation_bytes(8, 1, 16, 2, 1, False, False) == 4992
     assert solution.smallest_fitting_tp("llama2-13b", 4, 1, 1, 1, 8, 80) == 2
-    from dsml.memory import GB, Layout, memory_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import GB, Layout, memory_per_rank
     held = [memory_per_rank(preset("llama2-13b"), Layout(
         dp=4, tp=tp, zero=1, microbatches=8, recompute="selective", sequence_parallel=True)).total
         for tp in (1, 2)]

@@ -43,8 +43,8 @@
     dsml memory --model NAME --search --devices N --global-batch B --device-memory GB
                 [--top 10] [--zero Z] [--micro-batch b] [--recompute R] [--precision P]
                 [--schedule S]
-        every layout dp·tp·pp = N (dsml.memory.search_layouts): how many fit, and the fastest
-        that fit, with their bytes per rank and the step model's seconds and MFU.
+        every layout dp·tp·pp = N (dsml.layout_search.search_layouts): how many fit, and the
+        fastest that fit, with their bytes per rank and the step model's seconds and MFU.
 
 With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
 allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                                  "or --search: the layouts of a cluster that fit, fastest first")
     model = mem.add_argument_group("model: a preset, or explicit sizes")
     model.add_argument("--model", default=None,
-                       help="a preset of dsml.memory.PRESETS (gpt2, …, llama2-70b)")
+                       help="a preset of dsml.model_config.PRESETS (gpt2, …, llama2-70b)")
     for name, meaning in (("layers", "transformer blocks"), ("hidden", "model width"),
                           ("heads", "query heads"), ("vocab", "vocabulary size")):
         model.add_argument(_flag(name), type=int, default=None, help=meaning)

@@ -7,11 +7,14 @@ the two ways out named, rather than handed back as a plausible-looking wrong ans
 op="mean" on integers: the sum divided by p is a float64 array, not the integers handed in.
 
 "avg", the name NCCL and torch.distributed give the mean (ncclAvg, ReduceOp.AVG), is accepted
-as another spelling of "mean" (`op_name`); dsml prints "mean" (docs/conventions.md).
+as another spelling of "mean" (`op_name`); dsml prints "mean" (docs/conventions.md). Strings
+or objects are refused too: NumPy's "sum" of strings is cut to the first one's width.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from dsml.validate_args import numeric_array
 
 OP_ALIASES = {"avg": "mean"}
 
@@ -23,7 +26,9 @@ def op_name(op):
 
 
 def check_reducible(x, op: str, what: str) -> None:
-    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text)."""
+    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text), and
+    TypeError if `x` holds no numbers (NumPy "adds" strings by cutting them to one width)."""
+    numeric_array(f"{what}: x", x)
     if isinstance(x, np.ndarray) and x.dtype.kind == "b" and op in ("sum", "mean"):
         raise ValueError(
             f"{what}: op={op!r} on a bool array would be a logical OR, not a count (NumPy adds "

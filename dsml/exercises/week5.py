@@ -12,11 +12,11 @@ al. (2022). The layout that fits is found by trying every tensor-parallel size w
 memory accountant (`dsml.memory`). ZB-H1's order is the library's schedule-as-data
 (`dsml.pipeline.schedule`); ZeRO-3's step time with and without prefetch is the prediction
 (`dsml.zero.fsdp_step_prediction`) the notebook holds against the simulator; the bytes a
-data-parallel rank sends per step are read from the step model (`dsml.memory.estimate_step`)
+data-parallel rank sends per step are read from the step model (`dsml.step_model.estimate_step`)
 run on a 1 B/s link with free compute.
 
 This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
-`dsml.memory`, `dsml.pipeline`, `dsml.zero`),
+`dsml.model_config`, `dsml.memory`, `dsml.step_model`, `dsml.pipeline`, `dsml.zero`),
 never the top-level `dsml` package, which sits above it.
 """
 from __future__ import annotations
@@ -29,8 +29,9 @@ from dsml.collectives.allreduce import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import Wrong, as_float, checker, fresh_rng
-from dsml.memory import (GB, Layout, estimate_step, memory_per_rank, params_per_rank, preset,
-                         zero_model_state_bytes)
+from dsml.model_config import preset
+from dsml.memory import GB, Layout, memory_per_rank, params_per_rank, zero_model_state_bytes
+from dsml.step_model import estimate_step
 from dsml.net.alphabeta import AlphaBeta
 from dsml.pipeline import schedule
 from dsml.zero import fsdp_step_prediction
