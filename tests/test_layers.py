@@ -105,16 +105,6 @@ def test_module_says_its_kind(path):
         f"from a notebook or hand-written plumbing, got {first[:60]!r}")
 
 
-# Circles of imports being removed elsewhere (another branch): listed so this test stays green
-# until that branch lands. Nothing may be added here; remove the entry with the circle.
-KNOWN_CYCLES = {
-    ("dsml.fault", "dsml.fault_batch"),
-    # Came with algorithm="auto" (main, 9fd193e): allreduce -> auto -> (late) cost -> allreduce,
-    # for the algorithm tuples cost.py imports. Not fixed on this branch: to be decided at merge.
-    ("dsml.collectives.allreduce", "dsml.collectives.auto", "dsml.collectives.cost"),
-}
-
-
 def import_graph() -> dict:
     """module -> the dsml modules it imports, anywhere in its text (a function-local import
     closes a circle as surely as one at the top: it only runs later). `from dsml.x import y`
@@ -171,7 +161,7 @@ def import_cycles(graph: dict) -> list:
 
 
 def test_no_import_cycles():
-    cycles = [c for c in import_cycles(import_graph()) if c not in KNOWN_CYCLES]
+    cycles = import_cycles(import_graph())
     assert not cycles, ("modules that import each other (directly or round a circle; imports "
                         f"must point one way): {cycles}")
 
