@@ -280,11 +280,11 @@ def main(argv=None) -> int:
         for name in order:
             summary = summarize(run_worker(jobs[name]))
             runs[name].append(summary)
-            print(f"#   repeat {repeat + 1}: {name:<30} median {summary['median'] * 1e6:7.1f} us"
+            print(f"#   repeat {repeat + 1}: {name:<30} median {summary['median'] * 1e6:7.1f} µs"
                   f"  ({uptime()})", file=sys.stderr, flush=True)
     print(f"# end: {uptime()}")
     mpi = statistics.median(r["median"] for r in runs["mpi"]) if "mpi" in runs else None
-    print(f"{'per call, rank 0':<30} {'median us':>10} {'range':>15} {'p10':>7} {'p90':>7} "
+    print(f"{'per call, rank 0':<30} {'median µs':>10} {'range':>15} {'p10':>7} {'p90':>7} "
           f"{'>1ms':>6}" + (f" {'/ MPI':>6}" if mpi else ""))
     for name in names:
         medians = [r["median"] * 1e6 for r in runs[name]]

@@ -14,6 +14,7 @@ from dsml.collectives.cost import cost
 from dsml.data_parallel import flatten, my_shard, shard_bounds, unflatten
 from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
+from dsml.validate_args import integer
 
 WIRE_FLOAT = np.float32      # what goes on the wire for a value: fp32, as the dense baseline sends
 WIRE_INDEX = np.int32        # an index into a vector of < 2³¹ elements
@@ -42,9 +43,7 @@ def _check_vector(x, name: str = "x"):
 
 
 def _check_count(name: str, value, low: int = 1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer ≥ {low}, got {value!r}")
-    return int(value)
+    return integer(name, value, low)
 
 
 def _buckets(n: int, bucket):

@@ -7,13 +7,14 @@
 
     dsml bench <allreduce|broadcast|reduce|allgather|reduce_scatter|alltoall>
                [--algorithm NAME] [--engine sim|threads|processes|mpi] [--world-size P]
-               [-b 8] [-e 64M] [-f 2] [--op sum|prod|max|min] [--dtype float32|...]
-               [--root R] [--iters N] [--warmup N] [--alpha S --beta S/B --gamma S/B |
-               --network FILE]
-               [--check/--no-check]
+               [-b 8] [-e 64M] [-f 2 | -i BYTES] [-o sum|prod|max|min|mean]
+               [-d float32|float64|int32|int64] [--root R] [--iters N] [--warmup N]
+               [--alpha S --beta S/B --gamma S/B | --network FILE] [--check/--no-check]
         times a collective over a range of sizes and prints the nccl-tests table: size,
         count, type, redop, root, time, algbw, busbw (nccl-tests' correction factors) and
-        #wrong, the elements that differ from a NumPy reference.
+        #wrong, the elements that differ from a NumPy reference. nccl-tests' flags mean the
+        same here (-o avg is mean, -d float and double are float32 and float64, -c 0/1 is
+        --no-check/--check, -m 1); those with no equivalent are refused, naming dsml's.
 
     dsml calibrate [--engine processes|threads|mpi] [--output dsml-network.json] [-b 8]
                    [-e 4M] [-f 2] [--steps N] [--repeats N]
@@ -42,8 +43,8 @@
     dsml memory --model NAME --search --devices N --global-batch B --device-memory GB
                 [--top 10] [--zero Z] [--micro-batch b] [--recompute R] [--precision P]
                 [--schedule S]
-        every layout dp·tp·pp = N (dsml.memory.search_layouts): how many fit, and the fastest
-        that fit, with their bytes per rank and the step model's seconds and MFU.
+        every layout dp·tp·pp = N (dsml.layout_search.search_layouts): how many fit, and the
+        fastest that fit, with their bytes per rank and the step model's seconds and MFU.
 
 With --engine mpi, run the command under mpiexec (`mpiexec -n 4 python -m dsml bench
 allreduce --engine mpi`): every process runs one rank, the world size is the job's, and only
@@ -66,9 +67,32 @@ from dsml.cli.memory import MEMORY_PARTS
 from dsml.cli.sizes import format_bytes, parse_size
 
 
+# What `dsml --help` says first (the module's first line says what kind of module this is).
+DESCRIPTION = ("The dsml command line: measure this machine (pingpong, calibrate) and hold the "
+               "simulator against it (validate), time collectives as nccl-tests does (bench), "
+               "and count the memory of a training layout (memory).")
+
+
+class _Refused(argparse.Action):
+    """An option dsml does not have under that letter, which a user may bring from nccl-tests
+    or an older dsml: refused at once (exit status 2), naming dsml's equivalent."""
+
+    def __init__(self, option_strings, dest, instead: str, **kwargs):
+        self.instead = instead
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"argument {option_string}: {self.instead}")
+
+
+def _command(commands, name: str, help: str):
+    """A subcommand whose `dsml NAME --help` opens with the line `dsml --help` lists for it."""
+    return commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".")
+
+
 def _ping_pong_arguments(parser, round_trips: int) -> None:
-    """What `dsml pingpong` and `dsml calibrate` both take: the engine and the sizes, round
-    trips and repeats of the ping-pong (`_one_way_table`)."""
+    """What `dsml pingpong` takes: the engine and the sizes, round trips and repeats of the
+    ping-pong (`_one_way_table`)."""
     import dsml
 
     parser.add_argument("--engine", choices=dsml.ENGINES, default="processes",
@@ -88,15 +112,15 @@ def _ping_pong_arguments(parser, round_trips: int) -> None:
 def main(argv=None) -> int:
     import dsml
 
-    parser = argparse.ArgumentParser(prog="dsml", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="dsml", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dsml {dsml.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    pp = commands.add_parser("pingpong", help="measure one-way message time and fit α, β")
+    pp = _command(commands, "pingpong", help="measure one-way message time and fit α, β")
     _ping_pong_arguments(pp, round_trips=20)
     pp.add_argument("--alpha", type=float, default=5e-6, help="engine sim: latency (s)")
     pp.add_argument("--beta", type=float, default=1e-10, help="engine sim: time per byte (s/B)")
-    cal = commands.add_parser("calibrate", help="measure α, β, γ of this machine and write "
-                                                "them as a network file for the simulator")
+    cal = _command(commands, "calibrate", help="measure α, β, γ of this machine and write "
+                                               "them as a network file for the simulator")
     cal.add_argument("--engine", choices=dsml.ENGINES, default="processes",
                      help="default processes")
     cal.add_argument("-b", "--begin", type=parse_size, default=8, help="smallest size (default 8)")
@@ -106,10 +130,13 @@ def main(argv=None) -> int:
     cal.add_argument("--steps", type=int, default=10,
                      help="timed exchange steps of each kind per size and run (default 10)")
     cal.add_argument("--repeats", type=int, default=3, help="runs (median; default 3)")
-    cal.add_argument("-o", "--output", default="dsml-network.json",
+    cal.add_argument("--output", default="dsml-network.json",
                      help="where to write the network file (default dsml-network.json)")
-    val = commands.add_parser("validate", help="run every all-reduce algorithm for real and "
-                                               "hold it against the simulator's prediction")
+    cal.add_argument("-o", action=_Refused, instead=(
+        "-o is the reduction op of dsml bench (as in nccl-tests); calibrate writes its network "
+        "file with --output FILE"))
+    val = _command(commands, "validate", help="run every all-reduce algorithm for real and "
+                                              "hold it against the simulator's prediction")
     val.add_argument("--engine", choices=dsml.ENGINES,
                      default="processes", help="default processes")
     val.add_argument("--network", default=None,
@@ -124,8 +151,8 @@ def main(argv=None) -> int:
                      help="largest size (default 4M)")
     val.add_argument("-f", "--factor", type=int, default=16, help="size multiplier (default 16)")
     val.add_argument("--repeats", type=int, default=3, help="runs per point (median; default 3)")
-    bench_parser = commands.add_parser(
-        "bench", help="time a collective over a range of sizes (the nccl-tests table)")
+    bench_parser = _command(
+        commands, "bench", help="time a collective over a range of sizes (the nccl-tests table)")
     bench_parser.add_argument("collective", choices=BENCH_COLLECTIVES)
     bench_parser.add_argument("--algorithm", default=None,
                               help="one of dsml.collectives.COLLECTIVE_ALGORITHMS[collective] "
@@ -138,13 +165,20 @@ def main(argv=None) -> int:
                               help="smallest size (default 8)")
     bench_parser.add_argument("-e", "--end", type=parse_size, default=64 * 1024**2,
                               help="largest size (default 64M)")
-    bench_parser.add_argument("-f", "--factor", type=int, default=2,
-                              help="size multiplier (default 2)")
-    bench_parser.add_argument("-o", "--op", choices=("sum", "prod", "max", "min", "avg"),
-                              default="sum", help="reduction (reducing collectives only; avg: "
-                                                  "the sum divided by p, float types only)")
-    bench_parser.add_argument("-d", "--dtype", choices=BENCH_DTYPES, default="float32",
-                              help="element type (no bfloat16: NumPy has no such dtype)")
+    bench_parser.add_argument("-f", "--factor", type=int, default=None,
+                              help="size multiplier (default 2, unless -i is given)")
+    bench_parser.add_argument("-i", "--step-bytes", type=parse_size, default=None,
+                              help="instead of -f: each size this many bytes more than the one "
+                                   "before (nccl-tests' -i)")
+    bench_parser.add_argument("-o", "--op", type=bench.parse_op, default="sum",
+                              metavar="{" + ",".join(bench.BENCH_OPS) + "}",
+                              help="reduction (reducing collectives only; default sum); mean: "
+                                   "the sum divided by p, float types only (avg, nccl-tests' "
+                                   "name, is accepted for it)")
+    bench_parser.add_argument("-d", "--dtype", type=bench.parse_dtype, default="float32",
+                              metavar="{" + ",".join(BENCH_DTYPES) + "}",
+                              help="element type (default float32; nccl-tests' float and "
+                                   "double are accepted; no bfloat16: NumPy has no such dtype)")
     bench_parser.add_argument("-r", "--root", type=int, default=0,
                               help="root rank of broadcast and reduce (default 0)")
     bench_parser.add_argument("-n", "--iters", type=int, default=20,
@@ -172,16 +206,25 @@ def main(argv=None) -> int:
     bench_parser.add_argument("--network", default=None,
                               help="engine sim: a network file from dsml calibrate (instead of "
                                    "--alpha, --beta, --gamma)")
-    bench_parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+    bench_parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=None,
                               help="count wrong elements against NumPy (default on)")
+    bench_parser.add_argument("-c", dest="check_iters", type=int, default=None, metavar="{0,1}",
+                              help="nccl-tests' -c: 1 as --check, 0 as --no-check")
+    bench_parser.add_argument("-m", "--agg-iters", type=int, default=1,
+                              help="nccl-tests' collectives grouped per iteration: 1 only (dsml "
+                                   "runs them one at a time)")
+    for flag, meaning in (("-t", "threads per process"), ("-g", "GPUs per thread")):
+        bench_parser.add_argument(flag, action=_Refused, instead=(
+            f"nccl-tests' {meaning}; dsml bench runs -p/--world-size ranks (threads, processes "
+            f"or MPI processes: --engine)"))
     bench_parser.add_argument("--timeout", type=float, default=600.0,
                               help="real engines: seconds allowed per size (default 600)")
-    mem = commands.add_parser(
-        "memory", help="bytes per rank of a training layout (the memory accountant), or "
-                       "--search: the layouts of a cluster that fit, fastest first")
+    mem = _command(
+        commands, "memory", help="bytes per rank of a training layout (the memory accountant), "
+                                 "or --search: the layouts of a cluster that fit, fastest first")
     model = mem.add_argument_group("model: a preset, or explicit sizes")
     model.add_argument("--model", default=None,
-                       help="a preset of dsml.memory.PRESETS (gpt2, …, llama2-70b)")
+                       help="a preset of dsml.model_config.PRESETS (gpt2, …, llama2-70b)")
     for name, meaning in (("layers", "transformer blocks"), ("hidden", "model width"),
                           ("heads", "query heads"), ("vocab", "vocabulary size")):
         model.add_argument(_flag(name), type=int, default=None, help=meaning)

@@ -3,11 +3,12 @@ range of sizes (size, count, type, redop, root, time, algbw, busbw) and each res
 against a NumPy reference (#wrong)."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
 
-from dsml.cli.sizes import format_bytes, size_range
+from dsml.cli.sizes import format_bytes, size_range, typed
 from dsml.collectives.cost import BUSBW_FACTORS, busbw_factor
 
 BENCH_COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter",
@@ -18,6 +19,9 @@ ROOTED = ("broadcast", "reduce")
 # element count down to a multiple of p.
 BLOCKED = ("allgather", "reduce_scatter", "alltoall")
 BENCH_DTYPES = ("float32", "float64", "int32", "int64")
+BENCH_OPS = ("sum", "prod", "max", "min", "mean")
+# nccl-tests' names (-d float, -d double) for dtypes the benchmark has.
+NCCL_TESTS_DTYPES = {"float": "float32", "double": "float64"}
 # On the real engines a row runs at most this many bytes of collectives (iterations × size),
 # so that the largest sizes do not take minutes; small sizes keep the full --iters.
 DEFAULT_MAX_ITER_BYTES = 256 * 1024**2
@@ -115,7 +119,7 @@ def bench_expected(collective: str, inputs: list, op: str, root: int):
         total = inputs[0].copy()
         for x in inputs[1:]:
             OPS[_summed(op)](total, x, out=total)
-        if op == "avg":                # the same division every rank makes (bench_rank)
+        if op == "mean":               # the same division every rank makes (bench_rank)
             total = _average(total, len(inputs))
         return total
     if collective == "broadcast":
@@ -126,8 +130,8 @@ def bench_expected(collective: str, inputs: list, op: str, root: int):
 
 
 def _summed(op: str) -> str:
-    """The reduction the collectives run for a bench op: "avg" is a sum, then a division."""
-    return "sum" if op == "avg" else op
+    """The reduction the collectives run for a bench op: "mean" is a sum, then a division."""
+    return "sum" if op == "mean" else op
 
 
 def _average(total: np.ndarray, p: int) -> np.ndarray:
@@ -196,7 +200,7 @@ def bench_rank(comm, spec: dict):
         kwargs["root"] = spec["root"]
     if collective in REDUCING:
         kwargs["op"] = _summed(spec["op"])
-    average = spec["op"] == "avg" and collective in REDUCING
+    average = spec["op"] == "mean" and collective in REDUCING
     if collective == "alltoall":
         payload = np.split(x, p)                   # block j goes to rank j
     else:
@@ -227,6 +231,8 @@ def _validate_bench(args) -> None:
     if args.world_size < 1:
         raise ValueError(f"--world-size must be ≥ 1, got {args.world_size}")
     algorithms = COLLECTIVE_ALGORITHMS[args.collective]
+    if args.collective == "allreduce":
+        algorithms = algorithms + ("auto",)      # the default: chosen by the engine's α, β, γ
     if args.algorithm not in algorithms:
         raise ValueError(f"unknown {args.collective} algorithm {args.algorithm!r}; choose one "
                          f"of {', '.join(algorithms)}")
@@ -238,9 +244,64 @@ def _validate_bench(args) -> None:
         raise ValueError(f"--warmup must be ≥ 0, got {args.warmup}")
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    if args.op == "avg" and np.dtype(args.dtype).kind != "f":
-        raise ValueError(f"--op avg needs a float --dtype (the average of integers is not "
-                         f"one), got {args.dtype}")
+    if args.op == "mean" and np.dtype(args.dtype).kind != "f":
+        raise ValueError(f"--op mean (or avg) needs a float --dtype: the mean of {args.dtype} "
+                         f"values is no {args.dtype}; give -d float32 or -d float64, or --op "
+                         f"sum")
+    if args.agg_iters != 1:
+        raise ValueError(f"-m/--agg-iters {args.agg_iters}: nccl-tests groups that many "
+                         f"collectives into one timed iteration; dsml bench runs them one after "
+                         f"another and has no grouping (-m 1 only): time more of them with "
+                         f"-n/--iters")
+
+
+def parse_op(text: str) -> str:
+    """-o/--op: a reduction, by dsml's name or nccl-tests' (avg is mean); the name dsml prints."""
+    from dsml.collectives.checks import op_name
+
+    op = op_name(text)
+    if op in BENCH_OPS:
+        return op
+    if text == "all":
+        raise argparse.ArgumentTypeError("'all' (every op in turn, in nccl-tests) is not "
+                                         "supported: run dsml bench once per op")
+    raise argparse.ArgumentTypeError(f"invalid op {text!r}: choose one of "
+                                     f"{', '.join(BENCH_OPS)} (avg is accepted for mean)")
+
+
+def parse_dtype(text: str) -> str:
+    """-d/--dtype: a NumPy dtype name of BENCH_DTYPES, or nccl-tests' name of one of them."""
+    dtype = NCCL_TESTS_DTYPES.get(text, text)
+    if dtype in BENCH_DTYPES:
+        return dtype
+    why = {"all": "'all' (every type in turn, in nccl-tests) is not supported: run dsml bench "
+                  "once per type",
+           "bfloat16": "NumPy has no bfloat16"}.get(text, f"{text!r} is not a type dsml bench "
+                                                         f"runs")
+    raise argparse.ArgumentTypeError(
+        f"{why}; choose one of {', '.join(BENCH_DTYPES)} (nccl-tests' float and double are "
+        f"accepted for float32 and float64)")
+
+
+def nccl_tests_flags(args) -> None:
+    """Resolve the flags taken from nccl-tests into dsml's own: -c into --check/--no-check,
+    -f's default (2) unless -i steps the sizes instead."""
+    if args.check_iters is not None:
+        if args.check_iters not in (0, 1):
+            raise ValueError(f"-c {args.check_iters}: nccl-tests checks that many iterations; "
+                             f"dsml bench checks the last result of every size: -c 1 (as "
+                             f"--check, the default) or -c 0 (as --no-check)")
+        if args.check is not None and args.check != bool(args.check_iters):
+            raise ValueError(f"-c {args.check_iters} and --{'' if args.check else 'no-'}check "
+                             f"disagree: give one of them")
+        args.check = bool(args.check_iters)
+    if args.check is None:
+        args.check = True
+    if args.step_bytes is not None and args.factor is not None:
+        raise ValueError("give -f/--factor (each size a multiple of the one before) or "
+                         "-i/--step-bytes (each size that many bytes more), not both")
+    if args.step_bytes is None and args.factor is None:
+        args.factor = 2
 
 
 def _bench_network(args):
@@ -271,10 +332,18 @@ def _bench_counts(args, itemsize: int) -> list[int]:
     """The element count of each row: the requested sizes rounded down (bench_count), empty
     and repeated ones left out."""
     counts = []
-    for nbytes in size_range(args.begin, args.end, args.factor):
+    for nbytes in size_range(args.begin, args.end, args.factor, args.step_bytes):
         count = bench_count(args.collective, nbytes, args.world_size, itemsize)
         if count > 0 and count not in counts:
             counts.append(count)
+    if not counts:                   # every size rounded down to nothing: an empty table
+        smallest = itemsize * (args.world_size if args.collective in BLOCKED else 1)
+        unit = (f"p × itemsize = {args.world_size} × {itemsize} B = {smallest} B (one "
+                f"{args.dtype} element per rank's block)" if args.collective in BLOCKED else
+                f"one {args.dtype} element, {itemsize} B")
+        raise ValueError(f"the range -b {typed(args.begin)} … -e {typed(args.end)} holds no "
+                         f"{args.collective} size: each must be at least {unit}; give a larger "
+                         f"-e/--end")
     return counts
 
 
@@ -282,7 +351,9 @@ def _print_bench_header(args, network, itemsize: int) -> None:
     collective, p = args.collective, args.world_size
     reducing, rooted = collective in REDUCING, collective in ROOTED
     print(f"# dsml bench {collective}: engine {args.engine}, {p} rank{'s' * (p != 1)}, "
-          f"algorithm {args.algorithm}, dtype {args.dtype}, "
+          f"algorithm {args.algorithm}"
+          + (" (the cheapest by the α–β–γ model with the engine's α, β, γ)"
+             if args.algorithm == "auto" else "") + f", dtype {args.dtype}, "
           f"op {args.op if reducing else 'none'}" + (f", root {args.root}" if rooted else ""))
     if network is not None:
         print(f"# network: AlphaBeta(alpha={network.alpha:g} s, beta={network.beta:g} s/B, "
@@ -375,6 +446,7 @@ def _bench_world_size(args) -> int:
 def bench(args) -> int:
     """`dsml bench`: print the nccl-tests table for one collective; exit status 1 if any
     element was wrong."""
+    nccl_tests_flags(args)
     args.world_size = _bench_world_size(args)
     if args.algorithm is None:
         args.algorithm = default_algorithm(args.collective)

@@ -17,7 +17,7 @@ def memory_model(args):
     replaces its sequence length) or the explicit sizes, GPT's recipe or Llama's (--style)."""
     import dataclasses
 
-    from dsml.memory import PRESETS, TransformerConfig, preset
+    from dsml.model_config import PRESETS, TransformerConfig, preset
 
     explicit = [name for name in MODEL_SIZES[:-1] + MODEL_OPTIONAL
                 if getattr(args, name) is not None]
@@ -92,7 +92,7 @@ def memory_layout(args):
 def _describe_model(config) -> str:
     """'gpt2, 124,439,808 parameters (exact), seq_len 1024' (and the preset's own seq_len when
     --seq-len changed it)."""
-    from dsml.memory import PRESETS
+    from dsml.model_config import PRESETS
 
     text = f"{config.name}, {config.num_params():,} parameters (exact), seq_len {config.seq_len}"
     original = PRESETS.get(config.name)
@@ -130,7 +130,7 @@ def _hardware_assumptions() -> str:
     """estimate_step's defaults, read from its signature, as one line."""
     import inspect
 
-    from dsml.memory import estimate_step
+    from dsml.step_model import estimate_step
 
     defaults = {name: parameter.default
                 for name, parameter in inspect.signature(estimate_step).parameters.items()}
@@ -143,7 +143,8 @@ def _hardware_assumptions() -> str:
 
 
 def _memory_one_layout(args, config) -> int:
-    from dsml.memory import estimate_step, memory_per_rank, params_per_rank, stage_memory
+    from dsml.memory import memory_per_rank, params_per_rank, stage_memory
+    from dsml.step_model import estimate_step
 
     layout = memory_layout(args)
     device_bytes = _device_bytes(args)
@@ -183,7 +184,8 @@ def _memory_one_layout(args, config) -> int:
 def _memory_search(args, config) -> int:
     import inspect
 
-    from dsml.memory import Layout, search_layouts
+    from dsml.memory import Layout
+    from dsml.layout_search import search_layouts
 
     for name in SEARCH_CHOOSES:
         if getattr(args, name) not in (None, False):
@@ -253,7 +255,8 @@ def _memory_search(args, config) -> int:
 
 def memory(args) -> int:
     """`dsml memory`: bytes per rank of one layout (dsml.memory.memory_per_rank), or with
-    --search the layouts of a cluster that fit, fastest first (dsml.memory.search_layouts)."""
+    --search the layouts of a cluster that fit, fastest first
+    (dsml.layout_search.search_layouts)."""
     config = memory_model(args)
     if args.search:
         return _memory_search(args, config)

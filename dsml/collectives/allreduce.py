@@ -15,7 +15,7 @@ from dsml.collectives.reduce_scatter import fold_in, fold_out, halving_masks, jo
 import numpy as np
 
 from dsml.collectives.auto import auto_algorithm
-from dsml.collectives.checks import reducing
+from dsml.collectives.checks import op_name, reducing
 
 ALLREDUCE_ALGORITHMS = ("naive", "ring", "recursive_doubling", "halving_doubling", "tree")
 ALLREDUCE_OPS = tuple(OPS) + ("mean",)
@@ -28,8 +28,8 @@ def allreduce(comm, x, op: str = "sum", algorithm: str = "auto"):
     if algorithm == "auto":
         algorithm = auto_algorithm(comm, "allreduce", x)
     check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
-    check_op(op, ALLREDUCE_OPS)
-    comm = reducing(comm, x, op, "allreduce")   # bool sums refused; one tag per op
+    op = check_op(op_name(op), ALLREDUCE_OPS)   # "avg" is another name for "mean"
+    comm = reducing(comm, x, op, "allreduce")   # bool sums, int means refused; a tag per op
     ufunc = OPS["sum" if op == "mean" else op]
     data = flat(x)                       # only read: every algorithm writes its own buffers
     try:

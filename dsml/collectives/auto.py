@@ -7,6 +7,11 @@ Every rank computes the same choice — same p, same vector size, same engine �
 the same algorithm without a message. The choice is cached per (collective, p, size, costs):
 a lookup costs well under a microsecond, next to the ~10 µs of a small all-reduce on real
 processes.
+
+The selector is week 2's `best_algorithm`, which `dsml.collectives` hands this module when it is
+imported (`choose`): cost.py imports the collectives' algorithm lists, so an import of it from
+here would close a circle allreduce → auto → cost → allreduce. Importing any collective imports
+the package first, so the selector is always there when a collective runs.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dsml.comm.costs import costs_of
 
 _chosen: dict = {}
 _CACHE_SIZE = 4096
+choose = None     # best_algorithm(collective, p, nbytes, alpha, beta, gamma), set by dsml.collectives
 
 
 def auto_algorithm(comm, collective: str, x) -> str:
@@ -24,10 +30,9 @@ def auto_algorithm(comm, collective: str, x) -> str:
     key = (collective, comm.size, nbytes, costs)
     algorithm = _chosen.get(key)
     if algorithm is None:
-        from dsml.collectives.cost import best_algorithm     # cost.py imports the collectives
         if collective == "allgather":     # the cost model's size is the gathered total
             nbytes *= comm.size
-        algorithm = best_algorithm(collective, comm.size, nbytes, *costs)
+        algorithm = choose(collective, comm.size, nbytes, *costs)
         if len(_chosen) >= _CACHE_SIZE:
             _chosen.clear()
         _chosen[key] = algorithm
