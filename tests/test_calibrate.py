@@ -196,6 +196,26 @@ def test_ratios_read_a_miss_the_same_way_on_either_side():
     assert summary([fast, slow, small], smallest=65536) == (pytest.approx(5 / 3), 3.0)
 
 
+def test_each_run_says_how_long_its_ranks_waited_for_a_cpu():
+    """On Linux a real run reports the share of it a rank spent waiting for a CPU (what tells a
+    run that measured the load from one that measured the transport); the simulator none."""
+    from dsml.collectives.validate import cpu_wait_seconds, measure_allreduce_runs
+
+    waits = {}
+    runs = measure_allreduce_runs(2, [64, 4096], ("ring",), "processes", repeats=2, budget=2**16,
+                                  most=5, waits=waits)
+    assert len(runs["ring"]) == 2 and all(len(r) == 2 and min(r) > 0 for r in runs["ring"])
+    assert len(waits["ring"]) == 2
+    if cpu_wait_seconds() is None:
+        assert waits["ring"] == [None, None]
+    else:
+        assert all(0 <= w < 1 for w in waits["ring"])
+    simulated = {}
+    measure_allreduce_runs(2, [64], ("ring",), "sim", 1, network=AlphaBeta(1e-6, 1e-9),
+                           waits=simulated)
+    assert simulated == {}
+
+
 def test_the_timed_loop_reports_the_median_call_not_the_mean():
     """One call in ten that lost its core for 10 ms moves a loop's mean tenfold, not the
     median call."""
@@ -295,11 +315,12 @@ def test_dsml_validate_prints_one_row_per_run(tmp_path, capsys):
         low, high = map(float, row[4].split("-"))
         assert low == high == float(row[3])                 # one repeat: no spread
         assert float(row[6].rstrip("x")) == pytest.approx(float(row[3]) / float(row[5]), rel=0.01)
+        assert row[7] == "-" or 0 <= float(row[7].rstrip("%")) <= 100   # the rank's CPU wait
     cores = available_cores()
     for p in (2, 3):
         assert f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): measured / predicted " \
                f"median" in out
-    assert "%" not in out and " us" not in out
+    assert "error" not in out and " us" not in out        # ratios, and µs
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -9,6 +9,7 @@ from dsml.cli.pingpong import _print_fit
 from dsml.cli.sizes import format_bytes, size_range
 
 LARGE = 64 * 1024    # bytes: `dsml validate` summarises the sizes from here up apart
+WAITED = 0.05        # a run whose rank waited this share of it for a CPU is flagged
 
 
 def calibrate(args) -> int:
@@ -119,14 +120,17 @@ def validate(args) -> int:
     print("# predicted: the simulator running the same timed loop over that model; ratio = "
           "measured / predicted (above 1: the model is optimistic); spread: the fastest and "
           "slowest run")
+    print("# cpu wait: the share of a run the most delayed rank spent ready but waiting for a CPU "
+          "(another program held it; '-' where the system does not say)")
     print(f"#{'p':>3} {'algorithm':>19} {'size (B)':>10} {'measured (µs)':>14} "
-          f"{'spread (µs)':>17} {'predicted (µs)':>15} {'ratio':>7}")
+          f"{'spread (µs)':>17} {'predicted (µs)':>15} {'ratio':>7} {'cpu wait':>9}")
 
     def report(row):
         low, high = row.spread
+        wait = "-" if row.cpu_wait is None else f"{100 * row.cpu_wait:.0f}%"
         print(f"{row.world_size:>4} {row.algorithm:>19} {row.nbytes:>10} "
               f"{row.measured * 1e6:>14.1f} {f'{low * 1e6:.1f}-{high * 1e6:.1f}':>17} "
-              f"{row.predicted * 1e6:>15.1f} {row.ratio:>6.2f}x", flush=True)
+              f"{row.predicted * 1e6:>15.1f} {row.ratio:>6.2f}x {wait:>9}", flush=True)
 
     rows = run_validation(network, args.engine, algorithms, sizes, world_sizes, args.repeats,
                           report=report)
@@ -140,4 +144,9 @@ def validate(args) -> int:
             median, worst = summary(mine, LARGE)
             line += f"; at ≥ 64 KiB median {median:.2f}x, worst {worst:.2f}x"
         print(line)
+    waited = [row for row in rows if row.cpu_wait is not None and row.cpu_wait >= WAITED]
+    if waited:
+        print(f"# warning: in {len(waited)} of {len(rows)} rows a rank waited for a CPU "
+              f"{100 * WAITED:.0f}% of its run or more (other programs were running): those "
+              f"times measure the machine's load, not the transport; re-run on a quiet machine")
     return 0

@@ -10,6 +10,12 @@ on a shared machine a few calls in a loop of a hundred lose a core for milliseco
 mean moved the same 1 MiB all-reduce 4× from run to run (docs/measurements.md). The simulator runs
 the same loop (`predicted_allreduce`), and model and measurement are compared as a **ratio**,
 measured ÷ predicted: a 3× miss reads 3× whichever side it falls on.
+
+Each run also reports how much of it a rank spent **waiting for a CPU** (Linux's per-thread
+schedstat: runnable, but another program held the core). A run with a share of more than a few
+per cent measured the machine's load, not the transport: on the development machine the same
+1 MiB all-reduce took 120–180 µs a call with no wait and 500–800 µs while another program kept a
+core busy (docs/measurements.md).
 """
 from __future__ import annotations
 
@@ -65,6 +71,27 @@ def timed_allreduce(comm, sizes, algorithm: str = "ring", dtype: str = "float64"
     return seconds
 
 
+def cpu_wait_seconds():
+    """Seconds this thread has spent ready to run but waiting for a CPU (Linux's schedstat:
+    another program held the core), or None where the system does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as stat:
+            return int(stat.read().split()[1]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def timed_allreduce_waiting(comm, sizes, algorithm: str = "ring", dtype: str = "float64",
+                            budget: int = BUDGET, most: int = 200):
+    """Rank program: `timed_allreduce`, and the share of its time this rank spent waiting for
+    a CPU (None where unknown): what says whether a run measured the transport or the load."""
+    before, start = cpu_wait_seconds(), (yield comm.now())
+    seconds = yield from timed_allreduce(comm, sizes, algorithm, dtype, budget, most)
+    after, end = cpu_wait_seconds(), (yield comm.now())
+    known = before is not None and after is not None and end > start
+    return seconds, (after - before) / (end - start) if known else None
+
+
 def slowest_rank(values) -> list:
     """Per size, the largest of the ranks' times (each rank returned one list of sizes)."""
     return [max(per_rank[i] for per_rank in values) for i in range(len(values[0]))]
@@ -88,14 +115,22 @@ def measure_allreduce(p: int, sizes, algorithms=("ring",), engine: str = "proces
 
 def measure_allreduce_runs(p: int, sizes, algorithms=("ring",), engine: str = "processes",
                            repeats: int = 3, budget: int = BUDGET, most: int = 200,
-                           network=None) -> dict:
+                           network=None, waits: dict | None = None) -> dict:
     """{algorithm: one list per repeat of seconds per all-reduce, per size}: the runs whose
-    median `measure_allreduce` takes, kept for their spread."""
+    median `measure_allreduce` takes, kept for their spread. `waits`, if given (real engines),
+    gets {algorithm: per repeat, the largest share of its run a rank waited for a CPU}."""
     runs = {a: [] for a in algorithms}
+    program = timed_allreduce if engine == "sim" else timed_allreduce_waiting
     for _ in range(repeats):
         for algorithm in algorithms:
-            values = run(timed_allreduce, p, engine=engine, network=network, trace=False,
+            values = run(program, p, engine=engine, network=network, trace=False,
                          args=(list(sizes), algorithm, "float64", budget, most)).values
+            if engine != "sim":
+                shares = [share for _, share in values]
+                values = [seconds for seconds, _ in values]
+                if waits is not None:
+                    known = [share for share in shares if share is not None]
+                    waits.setdefault(algorithm, []).append(max(known) if known else None)
             runs[algorithm].append(slowest_rank(values))
     return runs
 
@@ -119,6 +154,8 @@ class Validation(NamedTuple):
     measured: float
     predicted: float
     runs: tuple = ()      # seconds per all-reduce in each repeat; `measured` is their median
+    cpu_wait: float | None = None    # share of a run its slowest-waiting rank waited for a CPU
+                                     # (median over repeats; None: not known on this system)
 
     @property
     def ratio(self) -> float:
@@ -155,13 +192,17 @@ def validate(network, engine: str = "processes", algorithms=ALLREDUCE_ALGORITHMS
             raise ValueError(f"sizes must be multiples of 8 bytes (float64), got {nbytes!r}")
     rows = []
     for p in world_sizes:
-        runs = measure_allreduce_runs(p, sizes, algorithms, engine, repeats, budget, most)
+        waits = {}
+        runs = measure_allreduce_runs(p, sizes, algorithms, engine, repeats, budget, most,
+                                      waits=waits)
         for algorithm in algorithms:
+            known = [w for w in waits.get(algorithm, ()) if w is not None]
+            wait = float(np.median(known)) if known else None
             for i, nbytes in enumerate(sizes):
                 each = tuple(r[i] for r in runs[algorithm])
                 rows.append(Validation(algorithm, p, nbytes, float(np.median(each)),
                                        predicted_allreduce(p, nbytes, network, algorithm,
-                                                           budget, most), each))
+                                                           budget, most), each, wait))
                 if report is not None:
                     report(rows[-1])
     return rows
