@@ -117,6 +117,27 @@ def test_calibrate_refuses_sizes_it_cannot_fit(sizes, words):
         calibrate("sim", sizes=sizes, network=AlphaBeta(1e-6, 1e-9))
 
 
+def test_a_burst_of_load_on_one_size_is_left_out_of_the_fit_and_said(monkeypatch):
+    """One size 10× off its line (load during its runs) would bend a least-squares line: the
+    fit is made again without it, the warnings say so, and the line is the true one."""
+    sizes = [8 * 4**k for k in range(8)]          # 8 B … 128 KiB: n½ = 50 kB inside
+    copies = [5e-6 + n * 1e-10 for n in sizes]
+    copies[6] *= 10
+    adds = [t + n * 2e-11 for n, t in zip(sizes, copies)]
+
+    class Result:
+        values = [(copies, adds), (copies, adds)]
+
+    monkeypatch.setattr("dsml.comm.calibrate.run", lambda *a, **k: Result())
+    calibration = calibrate("processes", sizes=sizes, repeats=1)
+    assert calibration.network.alpha == pytest.approx(5e-6, rel=1e-9)
+    assert calibration.network.beta == pytest.approx(1e-10, rel=1e-9)
+    assert calibration.network.gamma == pytest.approx(2e-11, rel=1e-6)
+    assert any(w.startswith(f"{sizes[6]} B took") for w in calibration.warnings)
+    assert calibration.warnings[-1] == f"fitted again without {sizes[6]} B; the model " \
+                                       f"describes the other 7 sizes"
+
+
 def test_a_size_far_off_the_line_and_a_far_half_performance_size_are_warned_of():
     sizes = [8, 64, 512, 4096]
     seconds = [10e-6, 10e-6, 40e-6, 11e-6]          # 512 B: 4× the line through the others

@@ -8,7 +8,9 @@ each other at once (`sendrecv`), then write what arrived into a buffer of their 
 per size, alternating the copying and the adding step so that load hits both alike:
 
 - α (s) and β (s/byte) are the least-squares line (`fit_alpha_beta`, relative error) through
-  the median time of the copying step: the model's α + nβ for one message each way at once;
+  the median time of the copying step: the model's α + nβ for one message each way at once
+  (fitted again without the sizes that lie twice or more off the first line, if they are
+  fewer than half: one burst of load would otherwise bend the line);
 - γ (s/byte) is what adding costs beyond copying: the adding step's fitted slope minus the
   copying step's (never below 0).
 
@@ -117,6 +119,12 @@ class Calibration(NamedTuple):
     warnings: list          # sentences: what makes this fit suspect (empty when nothing does)
 
 
+def off_line(nbytes: int, seconds: float, alpha: float, beta: float) -> bool:
+    """True if a size's time lies OUTLIER times or more off the line α + nβ, either way."""
+    line = alpha + nbytes * beta
+    return line <= 0 or not 1 / OUTLIER < seconds / line < OUTLIER
+
+
 def fit_warnings(sizes, seconds, alpha: float, beta: float) -> list[str]:
     """Sentences naming what makes a fitted line suspect: sizes whose time is OUTLIER times off
     the line either way, and a half-performance size α/β beyond the largest size measured."""
@@ -124,12 +132,18 @@ def fit_warnings(sizes, seconds, alpha: float, beta: float) -> list[str]:
     for nbytes, t in zip(sizes, seconds):
         line = alpha + nbytes * beta
         ratio = t / line if line > 0 else float("inf")
-        if ratio >= OUTLIER or ratio <= 1 / OUTLIER:
+        if off_line(nbytes, t, alpha, beta):
             warnings.append(f"{nbytes} B took {t * 1e6:.1f} µs where the fitted line says "
                             f"{line * 1e6:.1f} µs ({ratio:.2f}×): the line does not describe "
                             f"this size (a burst of load during its runs, or a change of path "
                             f"such as the processes engine's pipe-to-shared-memory switch at "
                             f"32 KiB)")
+    return warnings + half_size_warning(sizes, alpha, beta)
+
+
+def half_size_warning(sizes, alpha: float, beta: float) -> list[str]:
+    """A sentence if the half-performance size α/β lies beyond the largest size measured."""
+    warnings = []
     if beta > 0 and alpha / beta > max(sizes):
         warnings.append(f"the half-performance size α/β = {alpha / beta:.0f} B lies beyond the "
                         f"largest size measured ({max(sizes)} B): β rests on no size whose "
@@ -158,7 +172,20 @@ def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, steps: int = 1
         if report is not None:
             report(nbytes, copies[-1], adds[-1])
     alpha, beta = fit_alpha_beta(sizes, copies)
-    _, beta_add = fit_alpha_beta(sizes, adds)
+    warnings = fit_warnings(sizes, copies, alpha, beta)
+    kept = [i for i, (n, t) in enumerate(zip(sizes, copies)) if not off_line(n, t, alpha, beta)]
+    if len(kept) < len(sizes) and len(kept) >= max(2, len(sizes) // 2):
+        # One burst of load can leave a size 10× off, and a least-squares line bends to it:
+        # fit again without the sizes far off the first line (a robust fit, said in a warning).
+        sizes_kept = [sizes[i] for i in kept]
+        alpha, beta = fit_alpha_beta(sizes_kept, [copies[i] for i in kept])
+        _, beta_add = fit_alpha_beta(sizes_kept, [adds[i] for i in kept])
+        left_out = sorted(set(sizes) - set(sizes_kept))
+        warnings = [w for w in warnings if not w.startswith("the half-performance")]
+        warnings.append(f"fitted again without {', '.join(f'{n} B' for n in left_out)}; "
+                        f"the model describes the other {len(kept)} sizes")
+        warnings += half_size_warning(sizes_kept, alpha, beta)
+    else:
+        _, beta_add = fit_alpha_beta(sizes, adds)
     gamma = max(0.0, beta_add - beta)
-    return Calibration(AlphaBeta(alpha, beta, gamma), list(sizes), copies, adds,
-                       fit_warnings(sizes, copies, alpha, beta))
+    return Calibration(AlphaBeta(alpha, beta, gamma), list(sizes), copies, adds, warnings)
