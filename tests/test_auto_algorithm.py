@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import dsml
-from dsml.collectives import allreduce, best_algorithm
-from dsml.collectives.auto import auto_algorithm
+from dsml.collectives import ALLREDUCE_ALGORITHMS, allreduce, best_algorithm
+from dsml.collectives.auto import auto_algorithm, choose
+from dsml.comm.api import SizeOnly
 from dsml.comm import costs
 from dsml.net import AlphaBeta
 from dsml.net.saved import save_network
@@ -26,7 +27,7 @@ def chosen_and_sum(comm, n):
 def test_auto_on_the_simulator_runs_what_the_cost_model_picks_for_its_network(p, n):
     net = AlphaBeta(20e-6, 1e-10, 2e-11)
     result = dsml.run(chosen_and_sum, p, network=net, args=(n,))
-    expected = best_algorithm("allreduce", p, 8 * n, net.alpha, net.beta, net.gamma)
+    expected = choose("allreduce", p, 8 * n, net.alpha, net.beta, net.gamma)
     assert {name for name, _ in result.values} == {expected}
     for _, out in result.values:
         np.testing.assert_array_equal(out, np.full(n, p * (p + 1) / 2))
@@ -51,6 +52,28 @@ def test_a_topology_is_summarised_by_its_overhead_hops_and_link_bandwidth():
     assert costs.network_costs(net) == (4e-6, 1e-10, 0.0)
     values = dsml.run(chosen_and_sum, 4, network=net, args=(4,)).values
     assert values[0][0] == best_algorithm("allreduce", 4, 32, 4e-6, 1e-10, 0.0)
+
+
+def test_a_topology_is_summarised_by_its_slowest_link():
+    """On a two-level cluster the ring's bytes cross the slow links between machines: those set
+    β, not the fast links inside a machine."""
+    from dsml.net.topology import two_level
+    net = two_level(2, 4, 1e-6, 100e9, 20e-6, 1e9)
+    alpha, beta, gamma = costs.network_costs(net)
+    assert beta == pytest.approx(1e-9) and alpha == pytest.approx(40e-6)
+
+
+@pytest.mark.parametrize("p", range(2, 13))
+def test_auto_is_the_simulators_fastest_also_where_p_is_no_power_of_two(p):
+    """Week 2's formulas round lg p up; recursive doubling and halving–doubling really fold to
+    the largest power of two first. Priced with the fold, auto's choice takes no longer than
+    the fastest algorithm the simulator finds, from 8 B to 16 MiB."""
+    net = AlphaBeta(*costs.ENGINE_DEFAULTS["processes"])
+    for n in (8, 4096, 65536, 1 << 20, 1 << 24):
+        times = {a: dsml.run(lambda comm: (yield from allreduce(comm, SizeOnly(n), algorithm=a)),
+                             p, network=net, trace=False).time for a in ALLREDUCE_ALGORITHMS}
+        picked = choose("allreduce", p, n, *costs.network_costs(net))
+        assert times[picked] <= 1.05 * min(times.values()), (p, n, picked, times)
 
 
 @pytest.mark.parametrize("engine", ["threads", "processes"])

@@ -122,7 +122,7 @@ def test_a_burst_of_load_on_one_size_is_left_out_of_the_fit_and_said(monkeypatch
     fit is made again without it, the warnings say so, and the line is the true one."""
     sizes = [8 * 4**k for k in range(8)]          # 8 B … 128 KiB: n½ = 50 kB inside
     copies = [5e-6 + n * 1e-10 for n in sizes]
-    copies[6] *= 10
+    copies[4] *= 10
     adds = [t + n * 2e-11 for n, t in zip(sizes, copies)]
 
     class Result:
@@ -133,9 +133,26 @@ def test_a_burst_of_load_on_one_size_is_left_out_of_the_fit_and_said(monkeypatch
     assert calibration.network.alpha == pytest.approx(5e-6, rel=1e-9)
     assert calibration.network.beta == pytest.approx(1e-10, rel=1e-9)
     assert calibration.network.gamma == pytest.approx(2e-11, rel=1e-6)
-    assert any(w.startswith(f"{sizes[6]} B took") for w in calibration.warnings)
-    assert calibration.warnings[-1] == f"fitted again without {sizes[6]} B; the model " \
+    assert any(w.startswith(f"{sizes[4]} B took") for w in calibration.warnings)
+    assert calibration.warnings[-1] == f"fitted again without {sizes[4]} B; the model " \
                                        f"describes the other 7 sizes"
+
+
+def test_the_largest_sizes_are_never_fitted_away(monkeypatch):
+    """A slope that the largest sizes share (caches, page faults, a protocol) is no burst of
+    load: they stay in the fit, and the warnings name them."""
+    sizes = [8 * 4**k for k in range(8)]
+    copies = [5e-6 + n * 1e-10 for n in sizes]
+    copies[-1] *= 3
+    copies[-2] *= 3
+
+    class Result:
+        values = [(copies, copies), (copies, copies)]
+
+    monkeypatch.setattr("dsml.comm.calibrate.run", lambda *a, **k: Result())
+    calibration = calibrate("processes", sizes=sizes, repeats=1)
+    assert not any(w.startswith("fitted again") for w in calibration.warnings)
+    assert calibration.network.beta > 1.5e-10          # the line follows them
 
 
 def test_a_size_far_off_the_line_and_a_far_half_performance_size_are_warned_of():

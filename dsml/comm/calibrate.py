@@ -9,8 +9,9 @@ per size, alternating the copying and the adding step so that load hits both ali
 
 - α (s) and β (s/byte) are the least-squares line (`fit_alpha_beta`, relative error) through
   the median time of the copying step: the model's α + nβ for one message each way at once
-  (fitted again without the sizes that lie twice or more off the first line, if they are
-  fewer than half: one burst of load would otherwise bend the line);
+  (fitted again without the sizes that lie twice or more off the first line, if they are a
+  quarter of the sizes or fewer and not the two largest: one burst of load would otherwise bend
+  the line);
 - γ (s/byte) is what adding costs beyond copying: the adding step's fitted slope minus the
   copying step's (never below 0).
 
@@ -173,10 +174,14 @@ def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, steps: int = 1
             report(nbytes, copies[-1], adds[-1])
     alpha, beta = fit_alpha_beta(sizes, copies)
     warnings = fit_warnings(sizes, copies, alpha, beta)
-    kept = [i for i, (n, t) in enumerate(zip(sizes, copies)) if not off_line(n, t, alpha, beta)]
-    if len(kept) < len(sizes) and len(kept) >= max(2, len(sizes) // 2):
-        # One burst of load can leave a size 10× off, and a least-squares line bends to it:
-        # fit again without the sizes far off the first line (a robust fit, said in a warning).
+    # One burst of load can leave a size 10× off, and a least-squares line bends to it: fit
+    # again without the sizes far off the first line (said in a warning) — but never without
+    # the two largest, whose times carry β (a slope they share is no burst of load), and only
+    # when a quarter of the sizes or fewer are off.
+    largest = sorted(sizes)[-2:]
+    kept = [i for i, (n, t) in enumerate(zip(sizes, copies))
+            if n in largest or not off_line(n, t, alpha, beta)]
+    if len(kept) < len(sizes) and len(sizes) - len(kept) <= len(sizes) // 4:
         sizes_kept = [sizes[i] for i in kept]
         alpha, beta = fit_alpha_beta(sizes_kept, [copies[i] for i in kept])
         _, beta_add = fit_alpha_beta(sizes_kept, [adds[i] for i in kept])

@@ -5,8 +5,10 @@ Every engine says what one message costs it, so that a collective can pick the a
 α–β–γ model finds cheapest — week 2's selector, run with this engine's numbers:
 
 - **the simulator**: its network's own numbers. An `AlphaBeta` gives α, β, γ; a `Topology` its
-  host overhead plus two hop latencies (host → switch → host) for α, 1 / its link bandwidth for
-  β and its γ (a rough summary of a network whose messages cost what their route costs).
+  host overhead plus two hops of its slowest link (host → switch → host) for α, the time per
+  byte of its slowest link for β, and its γ — a rough summary of a network whose messages cost
+  what their route costs, pessimistic where the slow links are few (a two-level cluster's links
+  between machines set its ring's time).
 - **the real engines**: the file `dsml calibrate` wrote, if the environment variable
   `DSML_NETWORK` names one (measured on your machine: the best choice), else the defaults below,
   measured with `dsml calibrate` on the development machine (docs/measurements.md). They only
@@ -38,9 +40,12 @@ def network_costs(network) -> tuple:
     """(α, β, γ) that summarise a simulator's network model (see the module docstring)."""
     if hasattr(network, "alpha") and hasattr(network, "beta"):
         return (float(network.alpha), float(network.beta), float(getattr(network, "gamma", 0.0)))
-    if hasattr(network, "latency") and hasattr(network, "bandwidth"):
-        alpha = getattr(network, "overhead", 0.0) + 2 * network.latency
-        return (float(alpha), 1.0 / float(network.bandwidth), float(getattr(network, "gamma", 0.0)))
+    links = getattr(network, "links", None)
+    if links:                          # a Topology: (latency s, s/B) per directed link
+        latency = max(lat for lat, _ in links.values())
+        per_byte = max(b for _, b in links.values())
+        alpha = getattr(network, "overhead", 0.0) + 2 * latency
+        return (float(alpha), float(per_byte), float(getattr(network, "gamma", 0.0)))
     return FALLBACK
 
 
