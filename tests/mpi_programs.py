@@ -12,6 +12,7 @@ Checks:
   values equal the simulator's bit for bit, and NumPy's (the property tests' own check).
 - training: week 3's data_parallel_sgd (every all-reduce algorithm) and ddp_sgd (its buckets on
   a second activity) train as on the simulator, bit for bit, and as one process.
+- rooted: gather, scatter (every algorithm, every root) and barrier equal NumPy's answer.
 - activities: spawn/join programs of tests/test_activities.py give the simulator's values.
 - trace: a traced run has the simulator's rows (op, peers, bytes, tags), times from 0.
 - payloads: arrays of every kind (raw or pickled on the wire) arrive as they were sent, and
@@ -110,6 +111,30 @@ def check_collectives(p):
                              on_sim(props.collective_program, p, args).values)
             cases += 1
     return f"{cases} cases"
+
+
+def check_rooted(p):
+    import test_rooted as rooted
+
+    cases = 0
+    for algorithm in ("binomial", "naive"):
+        for root in range(p):
+            whole = np.concatenate([rooted.data(r) for r in range(p)])
+            kwargs = {"root": root, "algorithm": algorithm}
+            values = on_mpi(rooted.gathers, p, kwargs=kwargs).values
+            assert all(v is None for r, v in enumerate(values) if r != root), values
+            assert np.array_equal(values[root], whole), (algorithm, root, values[root])
+            values = on_mpi(rooted.scatters, p, kwargs=kwargs).values
+            assert all(np.array_equal(v, rooted.data(r)) for r, v in enumerate(values)), values
+            cases += 2
+
+    def barriers(comm):
+        for _ in range(3):
+            yield from dsml.collectives.barrier(comm)
+        return comm.rank
+
+    assert on_mpi(barriers, p).values == list(range(p))
+    return f"{cases + 1} cases"
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -289,7 +314,8 @@ def check_unreceived(p):
 
 
 CHECKS = {"collectives": check_collectives, "training": check_training,
-          "activities": check_activities, "trace": check_trace, "payloads": check_payloads,
+          "activities": check_activities, "rooted": check_rooted, "trace": check_trace,
+          "payloads": check_payloads,
           "raises": check_raises, "killed": check_killed,
           "hangs": check_hangs, "unreceived": check_unreceived}
 

@@ -121,6 +121,12 @@ def test_results_equal_the_simulator_s(check, p):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("p", [2, 3])
+def test_gather_scatter_and_barrier_equal_numpy(p):
+    assert_ok(launch(p, "rooted"), "rooted")
+
+
+@needs_mpiexec
 def test_a_message_nobody_receives_is_an_error_on_every_process():
     assert_ok(launch(2, "unreceived"), "unreceived")
 

@@ -27,7 +27,7 @@ from dsml.utils import add_to_class
 
 # The collectives of dsml.collectives whose calls get an enclosing slice.
 SPAN_OPS = ("broadcast", "reduce", "allreduce", "allgather", "reduce_scatter", "alltoall",
-            "allreduce_hierarchical")
+            "allreduce_hierarchical", "gather", "scatter", "barrier")
 
 
 class Span(Request):
