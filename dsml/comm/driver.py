@@ -43,10 +43,11 @@ import numpy as np
 
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
                            RunResult, Send, SendRecv, payload_nbytes, start_rank)
+from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import not_a_request, returned_generator
 from dsml.comm.spans import Span
 from dsml.comm.tags import tag_words
-from dsml.sim import DeadlockError, Trace
+from dsml.sim import Trace
 
 # States in a Status record.
 RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
@@ -739,20 +740,12 @@ class _Waiting:
         return self.what
 
 
-class RealDeadlock(DeadlockError, RankError):
-    """A deadlock that a real engine found (`hopeless`): every unfinished rank waits for a
-    message that no rank will send. Worded by the simulator's DeadlockError (and it is one);
-    also a RankError whose `.rank` is the lowest waiting rank."""
-
-    def __init__(self, waiting, note, rank):
-        # DeadlockError formats the message; RankError.__init__ would reword it.
-        text = str(DeadlockError(waiting, note))
-        RuntimeError.__init__(self, text)
-        self.waiting, self.rank = waiting, rank
+# The deadlock a real engine finds (`hopeless`) is the one every engine raises.
+RealDeadlock = DeadlockError
 
 
 def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
-    """A RealDeadlock if the run cannot go on, else None.
+    """A DeadlockError if the run cannot go on, else None.
 
     It cannot when no rank runs (each has finished, or waits for a message or a join), at
     least one waits, and every message sent has been taken from its channel (so nothing is
@@ -790,7 +783,7 @@ def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
         note = ("messages that arrived but were never received (a tag or peer mismatch?):\n  "
                 + "\n  ".join(f"rank {r} holds {n} message(s) no receive has taken"
                                for r, n in held) + "\n" + note)
-    return RealDeadlock(ranks, note, waiting[0])
+    return DeadlockError(ranks, note, waiting[0])
 
 
 def check_all_received(outcomes, failed=None) -> None:

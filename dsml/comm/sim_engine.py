@@ -24,8 +24,10 @@ from collections import deque
 
 from dsml.comm import sim_core
 from dsml.comm.api import ADDED_REQUESTS, Combine, RunResult, SizeOnly, snapshot
+from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import describe_messages, unreceived
-from dsml.sim import PENDING, DeadlockError, Thrown
+from dsml.sim import PENDING, Thrown
+from dsml.sim import DeadlockError as SimDeadlock  # the simulator's; ours subclasses it
 
 FAILURES = ("stop", "notify")
 
@@ -146,13 +148,12 @@ class SimEngine(sim_core.SimEngine):
     def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
         try:
             result = super().run(program, args, kwargs, max_events, timeout)
-        except DeadlockError as deadlock:
+        except SimDeadlock as deadlock:
+            # Raised as every engine's DeadlockError (also a RankError: dsml.comm.deadlock).
             unread = unreceived(self.mailbox)
-            if not unread:
-                raise
-            raise DeadlockError(deadlock.waiting, "messages that arrived but were never "
-                                "received (a tag or peer mismatch?):\n  "
-                                + describe_messages(unread)) from None
+            note = ("messages that arrived but were never received (a tag or peer mismatch?):"
+                    "\n  " + describe_messages(unread)) if unread else ""
+            raise DeadlockError(deadlock.waiting, note) from None
         result.failed = {rank: notice.error.__cause__ for rank, notice in self.failed.items()}
         return result
 
