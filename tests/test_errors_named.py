@@ -33,3 +33,38 @@ def test_a_deadlock_is_one_type_on_every_engine(engine):
     assert dsml.DeadlockError is DeadlockError
     assert isinstance(error, dsml.sim.DeadlockError)      # what week 1's code catches
     assert "rank 1 waits for a message from rank 0 (tag 4)" in str(error)
+
+
+def stops_in_a_collective(comm):
+    import os
+    import signal
+
+    from dsml.collectives import allreduce
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)        # only the timeout ends the run
+    return (yield from allreduce(comm, np.ones(4)))
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"),
+                    reason="reads /proc/<pid>/stat")
+def test_a_timeout_report_leads_with_a_stopped_rank_and_asks_nothing_about_ops():
+    with pytest.raises(dsml.RankError) as info:
+        run(stops_in_a_collective, 3, "processes", timeout=3)
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert message.startswith("rank 1 is stopped (SIGSTOP or a debugger?), so the run did not "
+                              "finish within the timeout of 3 s (3 rank(s) unfinished):"), message
+    assert "same op" not in message, message
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_deadlock_in_one_collective_with_one_op_asks_nothing_about_ops(engine):
+    def program(comm):
+        from dsml.collectives import allreduce
+        if comm.rank == 1:
+            yield comm.recv(0, tag=3)                 # never sent: the others wait for rank 1
+        return (yield from allreduce(comm, np.ones(4), algorithm="ring"))
+
+    with pytest.raises(DeadlockError) as info:
+        run(program, 3, engine)
+    assert "same op" not in str(info.value), str(info.value)

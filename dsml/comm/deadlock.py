@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from dsml.comm.api import RankError
+from dsml.comm.tags import differing
 from dsml.sim import DeadlockError as SimDeadlock
 
 _RANK = re.compile(r"rank (\d+)")
@@ -22,7 +23,13 @@ class DeadlockError(SimDeadlock, RankError):
     the waiting processes (`.name`, `.waiting_for.describe()`, `.sim.now`); `note`: more lines
     for the report; `rank`: the rank named first (default: the lowest waiting one)."""
 
-    def __init__(self, waiting: list, note: str = "", rank: int | None = None):
+    def __init__(self, waiting: list, note: str = "", rank: int | None = None, left=()):
+        # `left`: tags of messages that arrived and were never received (None: tag unknown).
+        # The report asks whether every rank passed the same op only when the tags waited on
+        # and left show different ones (dsml.comm.tags.differing).
+        hint = differing([getattr(p.waiting_for, "tag", None) for p in waiting], left)
+        if hint:
+            note = f"{note}\n{hint}" if note else hint
         # The simulator's class words the message; RankError.__init__ would reword it.
         text = str(SimDeadlock(waiting, note))
         RuntimeError.__init__(self, text)

@@ -46,7 +46,7 @@ from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankErro
 from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import not_a_request, returned_generator
 from dsml.comm.spans import Span
-from dsml.comm.tags import tag_words
+from dsml.comm.tags import differing, tag_words
 from dsml.sim import Trace
 
 # States in a Status record.
@@ -56,9 +56,10 @@ RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
 # the main program has already returned (1); then the messages the rank has sent (hellos and
 # failure notices included), the messages it has taken from its channels (matched or
 # stashed), and how many of those wait in its stash — what the parent needs to see that a
-# run cannot go on (`hopeless`).
-STATUS_FIELDS = 9
+# run cannot go on (`hopeless`) —, and the tag of the last message it stashed.
+STATUS_FIELDS = 10
 SENT, TAKEN, STASHED = 6, 7, 8
+STASHED_TAG = 9       # the tag of the message last put in the stash (for `tags.differing`)
 CHECK_EVERY = 0.05    # s: how often a busy rank checks that its run goes on (`drive`)
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
 ANY_SOURCE = -2       # the peer of a receive from any source, in a Status record
@@ -251,6 +252,7 @@ class MatchingTransport:
             stash = self.early[(src, tag)] = deque()
         stash.append(payload)
         self.unstashed(-1)
+        self.cells[self.rank * STATUS_FIELDS + STASHED_TAG] = tag
 
     def unstashed(self, count) -> None:
         """`count` messages left the stash (negative: came into it): keep the number that
@@ -691,10 +693,11 @@ def rank_failed(rank: int, summary: str, traceback_text: str) -> RankError:
 
 def timed_out(pending, status: Status, world_size: int, timeout: float,
               stopped=()) -> RankError:
-    """The error of a run that outlasted its timeout. It names a rank in `stopped` (processes
-    the operating system has stopped, e.g. by SIGSTOP) if there is one, else the lowest
-    unfinished rank that is not waiting for a message (busy in its own code), else the lowest
-    unfinished rank."""
+    """The error of a run that outlasted its timeout, which leads with its cause: a rank in
+    `stopped` (processes the operating system has stopped, e.g. by SIGSTOP) if there is one,
+    else the lowest unfinished rank that is not waiting for a message (busy in its own code),
+    else the lowest unfinished rank. Then what every rank was doing; the question about ops
+    only when the waits show ranks in collectives with different ones (`tags.differing`)."""
     lines = []
     for r in range(world_size):
         line = status.describe(r)
@@ -704,8 +707,24 @@ def timed_out(pending, status: Status, world_size: int, timeout: float,
     busy = [r for r in sorted(pending) if status.cells[r * STATUS_FIELDS] == RUNNING]
     named = min(stopped) if stopped else busy[0] if busy else min(pending)
     waiting = "\n  ".join(lines)
-    return RankError(named, f"(and {len(pending)} rank(s) in all) did not finish "
-                     f"within the timeout of {timeout:g} s:\n  {waiting}")
+    late = f"the run did not finish within the timeout of {timeout:g} s " \
+           f"({len(pending)} rank(s) unfinished)"
+    if stopped:
+        head = f"is stopped (SIGSTOP or a debugger?), so {late}"
+    elif busy:
+        head = f"is busy in its own code (not waiting on a message), so {late}"
+    else:
+        head = (f"(and {len(pending)} rank(s) in all) did not finish within the timeout of "
+                f"{timeout:g} s")
+    hint = ""
+    if not stopped and not busy:
+        cells = status.cells
+        waits = [cells[r * STATUS_FIELDS + 2] for r in sorted(pending)
+                 if cells[r * STATUS_FIELDS] == RECEIVING]
+        hint = differing(waits, [cells[r * STATUS_FIELDS + STASHED_TAG]
+                                 for r in range(world_size)
+                                 if cells[r * STATUS_FIELDS + STASHED] > 0])
+    return RankError(named, f"{head}:\n  {waiting}" + (f"\n{hint}" if hint else ""))
 
 
 def check_timeout(timeout) -> float | None:
@@ -730,11 +749,12 @@ class _Waiting:
     """A rank that waits, in the shape `dsml.sim.DeadlockError` describes: `name`,
     `waiting_for` (with `describe()`) and `sim.now`."""
 
-    def __init__(self, name, what, now):
+    def __init__(self, name, what, now, tag=None):
         self.name, self.waiting_for = name, self
         self.what = what
         self.sim = self
         self.now = now
+        self.tag = tag          # the tag it waits on (None: a join), for `tags.differing`
 
     def describe(self):
         return self.what
@@ -774,7 +794,8 @@ def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
     ranks = []
     for r in waiting:
         who, what = view.wait_of(r)
-        ranks.append(_Waiting(who, what, elapsed))
+        receiving = states[r * width] == RECEIVING
+        ranks.append(_Waiting(who, what, elapsed, states[r * width + 2] if receiving else None))
     held = [(r, after[r * width + STASHED]) for r in range(world_size)
             if after[r * width + STASHED] > 0]
     note = (f"(found by engine={engine!r}: every unfinished rank waits for a message that "
@@ -783,7 +804,8 @@ def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
         note = ("messages that arrived but were never received (a tag or peer mismatch?):\n  "
                 + "\n  ".join(f"rank {r} holds {n} message(s) no receive has taken"
                                for r, n in held) + "\n" + note)
-    return DeadlockError(ranks, note, waiting[0])
+    return DeadlockError(ranks, note, waiting[0],
+                         left=[after[r * width + STASHED_TAG] for r, _ in held])
 
 
 def check_all_received(outcomes, failed=None) -> None:

@@ -153,7 +153,8 @@ class SimEngine(sim_core.SimEngine):
             unread = unreceived(self.mailbox)
             note = ("messages that arrived but were never received (a tag or peer mismatch?):"
                     "\n  " + describe_messages(unread)) if unread else ""
-            raise DeadlockError(deadlock.waiting, note) from None
+            raise DeadlockError(deadlock.waiting, note,
+                                left=[tag for _, _, tag, _ in unread]) from None
         result.failed = {rank: notice.error.__cause__ for rank, notice in self.failed.items()}
         return result
 
