@@ -68,3 +68,37 @@ def test_a_deadlock_in_one_collective_with_one_op_asks_nothing_about_ops(engine)
     with pytest.raises(DeadlockError) as info:
         run(program, 3, engine)
     assert "same op" not in str(info.value), str(info.value)
+
+
+def _helper_that_raises(x):
+    raise ValueError(f"bad value {x}")
+
+
+def raises_in_rank_1(comm):
+    yield comm.compute(0.0)
+    if comm.rank == 1:
+        try:
+            _helper_that_raises(3)
+        except ValueError as error:
+            raise KeyError("while handling it") from error
+    return comm.rank
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_raising_rank_s_traceback_starts_with_its_own_code_and_keeps_the_chain(engine):
+    import traceback
+    with pytest.raises(dsml.RankError) as info:
+        run(raises_in_rank_1, 2, engine)
+    error = info.value
+    assert error.rank == 1
+    if engine == "sim":        # the original is chained: its traceback is what a user reads
+        text = "".join(traceback.format_exception(error.__cause__))
+    else:                      # the text of the rank's traceback is in the message
+        text = str(error).split("--- traceback of rank 1 ---\n", 1)[1]
+    blocks = text.split("\n\n")
+    # Both exceptions of the chain, each from the rank's own frame down.
+    assert "ValueError: bad value 3" in text and "KeyError: 'while handling it'" in text
+    for block in blocks:
+        if block.startswith("Traceback (most recent call last):"):
+            first = block.splitlines()[1]
+            assert __file__ in first, block        # not dsml's engine frames

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-import traceback
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -47,6 +46,7 @@ from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import not_a_request, returned_generator
 from dsml.comm.spans import Span
 from dsml.comm.tags import differing, tag_words
+from dsml.comm.tracebacks import user_traceback
 from dsml.sim import Trace
 
 # States in a Status record.
@@ -682,8 +682,10 @@ def stop_children(children, conns) -> None:
 
 
 def describe_exception(error: BaseException) -> tuple[str, str]:
-    """(one-line summary, traceback text) of the exception being handled."""
-    return f"{type(error).__name__}: {error}", traceback.format_exc()
+    """(one-line summary, traceback text) of the exception being handled; the traceback
+    starts at the rank's own code (the engine's frames above it are left out) and keeps the
+    chain of exceptions (`dsml.comm.tracebacks`)."""
+    return f"{type(error).__name__}: {error}", user_traceback(error)
 
 
 def rank_failed(rank: int, summary: str, traceback_text: str) -> RankError:

@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections import deque
 
 from dsml.comm import sim_core
-from dsml.comm.api import ADDED_REQUESTS, Combine, RunResult, SizeOnly, snapshot
+from dsml.comm.api import ADDED_REQUESTS, Combine, RankError, RunResult, SizeOnly, snapshot
 from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import describe_messages, unreceived
+from dsml.comm.tracebacks import trim_leading
 from dsml.sim import PENDING, Thrown
 from dsml.sim import DeadlockError as SimDeadlock  # the simulator's; ours subclasses it
 
@@ -148,6 +149,11 @@ class SimEngine(sim_core.SimEngine):
     def run(self, program, args=(), kwargs=None, max_events=None, timeout=None) -> RunResult:
         try:
             result = super().run(program, args, kwargs, max_events, timeout)
+        except RankError as failure:
+            # A rank raised: its chained exception's traceback starts at the rank's own code.
+            if failure.__cause__ is not None:
+                trim_leading(failure.__cause__)
+            raise
         except SimDeadlock as deadlock:
             # Raised as every engine's DeadlockError (also a RankError: dsml.comm.deadlock).
             unread = unreceived(self.mailbox)
