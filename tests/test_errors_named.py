@@ -102,3 +102,52 @@ def test_a_raising_rank_s_traceback_starts_with_its_own_code_and_keeps_the_chain
         if block.startswith("Traceback (most recent call last):"):
             first = block.splitlines()[1]
             assert __file__ in first, block        # not dsml's engine frames
+
+
+def different_calls(comm, case):
+    from dsml.collectives import allreduce, broadcast
+    x = np.ones(4)
+    if case == "collective":
+        if comm.rank == 1:
+            return (yield from broadcast(comm, x, root=0))
+        return (yield from allreduce(comm, x, algorithm="ring"))
+    if case == "algorithm":
+        algorithm = "ring" if comm.rank == 0 else "recursive_doubling"
+        return (yield from allreduce(comm, x, algorithm=algorithm))
+    return (yield from broadcast(comm, x, root=comm.rank % 2))      # case == "root"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case, words", [
+    ("collective", "rank 0 called allreduce(op='sum', algorithm='ring'), rank 1 called "
+                   "broadcast(root=0, algorithm='binomial', chunks=4)"),
+    ("algorithm", "algorithm 'ring' vs 'recursive_doubling'"),
+    ("root", "root 0 vs 1"),
+])
+def test_ranks_in_different_collective_calls_are_told_what_differs(engine, case, words):
+    # Two roots each send and return (case "root"): the run ends with messages unreceived.
+    with pytest.raises(DeadlockError if case != "root" else dsml.RankError) as info:
+        run(different_calls, 2, engine, kwargs={"case": case})
+    message = str(info.value)
+    assert "ranks are in different collective calls" in message and words in message, message
+    assert "does not match another rank's" not in message
+
+
+def sends_one_of_each_tag(comm):
+    if comm.rank == 0:
+        yield comm.send(1, np.ones(2), tag=5)
+        yield comm.send(1, np.ones(2), tag=5)
+        yield comm.send(1, np.ones(2), tag=6)
+    else:
+        yield comm.recv(0, tag=5)
+    return comm.rank
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_message_nobody_received_is_named_by_source_destination_and_tag(engine):
+    with pytest.raises(dsml.RankError) as info:
+        run(sends_one_of_each_tag, 2, engine)
+    message = str(info.value)
+    assert info.value.rank == 1
+    assert "rank 0 -> rank 1 (tag 5): 1 message(s)" in message, message
+    assert "rank 0 -> rank 1 (tag 6): 1 message(s)" in message, message

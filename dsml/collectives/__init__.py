@@ -25,11 +25,15 @@ from dsml.collectives.rooted import (BARRIER_ALGORITHMS, GATHER_ALGORITHMS, ROOT
                                      SCATTER_ALGORITHMS, barrier, gather, rooted_cost, scatter)
 from dsml.comm.spans import traced
 
-# One enclosing trace slice per call (dsml.comm.spans).
-broadcast, reduce, allreduce = traced(broadcast), traced(reduce), traced(allreduce)
-allgather, reduce_scatter, alltoall = traced(allgather), traced(reduce_scatter), traced(alltoall)
-allreduce_hierarchical = traced(allreduce_hierarchical)
-gather, scatter, barrier = traced(gather), traced(scatter), traced(barrier)
+from dsml.collectives.signatures import signer
+
+# One enclosing trace slice per call (dsml.comm.spans), and the call's signature on its
+# messages' tag, so that ranks in different calls are told so (dsml.collectives.signatures).
+broadcast, reduce, allreduce, allgather, reduce_scatter, alltoall, allreduce_hierarchical, \
+    gather, scatter, barrier = (
+        traced(f, sign=signer(f.__name__))
+        for f in (broadcast, reduce, allreduce, allgather, reduce_scatter, alltoall,
+                  allreduce_hierarchical, gather, scatter, barrier))
 
 
 def cost(op: str, algorithm: str, p: int, nbytes: float, alpha: float, beta: float,

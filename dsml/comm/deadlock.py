@@ -24,10 +24,11 @@ class DeadlockError(SimDeadlock, RankError):
     for the report; `rank`: the rank named first (default: the lowest waiting one)."""
 
     def __init__(self, waiting: list, note: str = "", rank: int | None = None, left=()):
-        # `left`: tags of messages that arrived and were never received (None: tag unknown).
-        # The report asks whether every rank passed the same op only when the tags waited on
-        # and left show different ones (dsml.comm.tags.differing).
-        hint = differing([getattr(p.waiting_for, "tag", None) for p in waiting], left)
+        # `left`: (sender or None, tag) of messages that arrived and were never received.
+        # When the tags waited on and left show ranks in different collective calls, the
+        # report says so (dsml.comm.tags.differing).
+        hint = differing([(lowest_rank([p]), getattr(p.waiting_for, "tag", None))
+                          for p in waiting], left)
         if hint:
             note = f"{note}\n{hint}" if note else hint
         # The simulator's class words the message; RankError.__init__ would reword it.

@@ -367,7 +367,7 @@ def _from_common_start(outcome: Outcome) -> Outcome:
         records = [(rank, op, start - t0, end - t0, src, dst, nbytes, tag)
                    for rank, op, start, end, src, dst, nbytes, tag in records]
     return Outcome(outcome.value, 0.0, outcome.end - t0, records, outcome.sent,
-                   outcome.received)
+                   outcome.received, outcome.tags)
 
 
 def run_mpi(program, world_size: int | None, args=(), kwargs=None, trace: bool = True,

@@ -26,6 +26,7 @@ from dsml.comm import sim_core
 from dsml.comm.api import ADDED_REQUESTS, Combine, RankError, RunResult, SizeOnly, snapshot
 from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import describe_messages, unreceived
+from dsml.comm.tags import differing
 from dsml.comm.tracebacks import trim_leading
 from dsml.sim import PENDING, Thrown
 from dsml.sim import DeadlockError as SimDeadlock  # the simulator's; ours subclasses it
@@ -160,7 +161,7 @@ class SimEngine(sim_core.SimEngine):
             note = ("messages that arrived but were never received (a tag or peer mismatch?):"
                     "\n  " + describe_messages(unread)) if unread else ""
             raise DeadlockError(deadlock.waiting, note,
-                                left=[tag for _, _, tag, _ in unread]) from None
+                                left=[(src, tag) for src, _, tag, _ in unread]) from None
         result.failed = {rank: notice.error.__cause__ for rank, notice in self.failed.items()}
         return result
 
@@ -171,7 +172,14 @@ class SimEngine(sim_core.SimEngine):
             for (src, _), box in boxes.items():
                 if src in self.failed or dst in self.failed:
                     box.clear()
-        super().check_all_received()
+        try:
+            super().check_all_received()
+        except RankError as error:
+            # Ranks in different collective calls: say which (dsml.comm.tags.differing).
+            hint = differing([], [(src, tag) for src, _, tag, _ in unreceived(self.mailbox)])
+            if not hint:
+                raise
+            raise RankError(error.rank, f"{str(error).split(' ', 2)[2]}\n{hint}") from None
 
 
 class Exchange:
