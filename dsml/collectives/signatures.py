@@ -108,11 +108,13 @@ TAG_DECODERS.append(describe)
 class Signed:
     """`comm` with the collectives' tags replaced by one call's signature tag (see the
     module's text); everything else is `comm`'s."""
-    __slots__ = ("_comm", "_tag", "rank", "size")
+    __slots__ = ("_comm", "_tag", "rank", "size", "combine", "compute")
 
     def __init__(self, comm, tag: int):
         self._comm, self._tag = comm, tag
         self.rank, self.size = comm.rank, comm.size
+        # What the collectives ask for at every step, at the cost of a slot (not __getattr__).
+        self.combine, self.compute = comm.combine, comm.compute
 
     def send(self, dst, payload, tag=0):
         return self._comm.send(dst, payload, self._tag if _LOW <= tag <= _HIGH else tag)
