@@ -18,7 +18,10 @@ Checks:
 - payloads: arrays of every kind (raw or pickled on the wire) arrive as they were sent, and
   a send is a snapshot: changing the array after sending it changes nothing.
 - raises R: rank R raises inside its program (the job must end, naming it).
-- hangs T: rank 0 waits for a message that never comes, with a timeout of T seconds.
+- hangs T: rank 0 waits for a message that rank 1, busy in its own code, never sends, with a
+  timeout of T seconds.
+- deadlocks T: every rank waits for its neighbour (a deadlock), with a timeout of T seconds:
+  the job ends at once with the report, not at the timeout.
 - unreceived: a message nobody receives: every process gets the same RankError.
 """
 from __future__ import annotations
@@ -266,7 +269,10 @@ def raises_in(comm, bad_rank):
 
 def waits_forever(comm):
     if comm.rank == 0:
-        yield comm.recv(1, tag=3)               # nobody sends it
+        yield comm.recv(1, tag=3)               # rank 1 is busy past the timeout
+    else:
+        import time
+        time.sleep(3600)                         # busy in its own code: no deadlock, a hang
     yield comm.compute(0.0)
 
 
@@ -304,6 +310,15 @@ def check_hangs(p, timeout):
     return "the run returned although rank 0 never got its message"
 
 
+def waits_for_the_next(comm):
+    yield comm.recv((comm.rank + 1) % comm.size, tag=4)      # nobody sends
+
+
+def check_deadlocks(p, timeout):
+    on_mpi(waits_for_the_next, p, timeout=float(timeout))
+    return "the run returned although every rank waits"
+
+
 def check_unreceived(p):
     try:
         on_mpi(sends_unreceived, p)
@@ -319,7 +334,7 @@ CHECKS = {"collectives": check_collectives, "training": check_training,
           "activities": check_activities, "rooted": check_rooted, "trace": check_trace,
           "payloads": check_payloads,
           "raises": check_raises, "killed": check_killed,
-          "hangs": check_hangs, "unreceived": check_unreceived}
+          "hangs": check_hangs, "deadlocks": check_deadlocks, "unreceived": check_unreceived}
 
 
 def main(argv) -> int:
@@ -329,7 +344,7 @@ def main(argv) -> int:
     except BaseException:                       # end the whole job, not just this process
         abort_job(f"check {name} failed in process {job_rank()}:\n{traceback.format_exc()}")
         raise
-    if name in ("raises", "hangs"):
+    if name in ("raises", "hangs", "deadlocks"):
         abort_job(f"check {name}: {outcome}")
     if job_rank() == 0:
         print(f"OK {name}: {outcome}", flush=True)
