@@ -60,6 +60,7 @@ NAMES = tuple(SCHEMAS)                       # a collective's number is its inde
 _WITHOUT_ARRAY = {"barrier"}                 # collectives whose first argument is no array
 # The tags a collective's own code sends on: COLLECTIVE_TAG, and the per-op tags of checks.py.
 _LOW, _HIGH = COLLECTIVE_TAG, COLLECTIVE_TAG + len(OP_NAMES) - 1
+_KEPT = 4096            # communicators whose Signed objects `signer` keeps
 
 
 def _width(kind) -> int:
@@ -135,17 +136,22 @@ def signer(name: str):
     signature tag (args as the collective takes them after `comm`, defaults filled in)."""
     schema = SCHEMAS[name]
     skip = 0 if name in _WITHOUT_ARRAY else 1
-    tags = {}
+    # comm -> {arguments -> its Signed}: a rank's program calls with the same comm and the
+    # same arguments again and again, and then gets the same Signed (no tag to work out, no
+    # object to make). Emptied when it holds many communicators (runs come and go).
+    made = {}
 
     def sign(comm, *args):
         key = args[skip:]
         try:
-            tag = tags[key]
+            return made[comm][key]
         except KeyError:
-            tag = tags[key] = encode(name, key[:len(schema)])
-        except TypeError:                  # an unhashable argument: the collective refuses it
-            tag = encode(name, key[:len(schema)])
-        return Signed(comm, tag)
+            if len(made) >= _KEPT:
+                made.clear()
+            signed = made.setdefault(comm, {})[key] = Signed(comm, encode(name, key[:len(schema)]))
+            return signed
+        except TypeError:          # something unhashable: the collective will refuse it
+            return Signed(comm, encode(name, key[:len(schema)]))
 
     sign.__name__ = f"sign_{name}"
     return sign
