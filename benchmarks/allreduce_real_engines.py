@@ -415,7 +415,7 @@ def print_table(p, sizes, medians, engines, repeats, dsml_algorithm="ring"):
     others = [e for e in engines if e != "dsml"] if "dsml" in engines else []
     head = f"{'p':>2} {'size':>6}"
     for e in engines:
-        head += f" {e + ' us':>11}"
+        head += f" {e + ' µs':>11}"
     for e in engines:
         head += f" {e + ' GB/s':>10}"
     for e in others:
@@ -441,10 +441,10 @@ def print_algorithms_table(p, sizes, by_algorithm, mpi_medians, repeats):
     print(f"\n# dsml's all-reduce algorithms on engine mpi, float32 sum, {p} processes, median "
           f"of {repeats} repeats; time per all-reduce (slowest rank)"
           + ("; xMPI = time / MPI Allreduce's time" if mpi_medians else ""))
-    head = f"{'p':>2} {'size':>6}" + (f" {'MPI us':>10}" if mpi_medians else "")
+    head = f"{'p':>2} {'size':>6}" + (f" {'MPI µs':>10}" if mpi_medians else "")
     widths = {a: max(9, len(a) + 3) for a in by_algorithm}
     for algorithm in by_algorithm:
-        head += f" {algorithm + ' us':>{widths[algorithm]}}" + (f" {'xMPI':>5}" if mpi_medians
+        head += f" {algorithm + ' µs':>{widths[algorithm]}}" + (f" {'xMPI':>5}" if mpi_medians
                                                                 else "")
     print(head)
     for i, nbytes in enumerate(sizes):
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
     parser.add_argument("--algorithms", default=",".join(ALLREDUCE_ALGORITHMS),
                         help="dsml-mpi: the all-reduce algorithms to time (default all; the "
                              "ring is always timed, for the first table)")
-    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS,
+    parser.add_argument("--dsml-algorithm", default="ring", choices=ALLREDUCE_ALGORITHMS + ("auto",),
                         help="the algorithm of the dsml column (default ring; MPI picks its own)")
     parser.add_argument("--raw", help="also write every repeat's times here (JSON)")
     # worker modes (started by this script)

@@ -1,6 +1,6 @@
 """Benchmark (hand-written): the heartbeat failure detector on real processes, wall-clock time.
 
-Week 6's detector (`dsml.elastic.heartbeat_worker`, `heartbeat_clock`, `heartbeat_monitor`) is
+Week 6's detector (`dsml.heartbeat.heartbeat_worker`, `heartbeat_clock`, `heartbeat_monitor`) is
 one set of rank programs for every engine; here it runs with `engine="processes"`: workers beat
 every `--period` s, the clock ticks every `--check` s, and the monitor suspects a worker silent
 for more than the timeout. For each timeout, each repeat: one worker SIGKILLs its own process
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from dsml.comm.run import run  # noqa: E402
-from dsml.elastic import heartbeat_clock, heartbeat_monitor, heartbeat_worker  # noqa: E402
+from dsml.heartbeat import heartbeat_clock, heartbeat_monitor, heartbeat_worker  # noqa: E402
 
 
 def program(comm, timeout, stalls, crashes, period, check):

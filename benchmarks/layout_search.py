@@ -1,4 +1,5 @@
-"""Benchmark (hand-written): how fast `dsml.memory.search_layouts` scores every layout of a cluster.
+"""Benchmark (hand-written): how fast `dsml.layout_search.search_layouts` scores every layout of
+a cluster.
 
 For each model, every layout dp·tp·pp of a 64-device cluster (micro-batch 1, 2, 4, 8, ZeRO 0–3,
 three recomputation choices, sequence parallelism on and off: the search's defaults), each scored
@@ -29,7 +30,9 @@ for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dsml.memory import GB, preset, search_layouts  # noqa: E402
+from dsml.model_config import preset  # noqa: E402
+from dsml.memory import GB  # noqa: E402
+from dsml.layout_search import search_layouts  # noqa: E402
 
 MODELS = ("gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b")
 TARGET_SECONDS = 1.0      # per model, every layout of 64 devices

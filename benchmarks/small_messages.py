@@ -8,6 +8,9 @@ costs when nothing gets in the way. Measured on rank 0, p = 2, after `--warm-up`
 
 - **pingpong**: dsml `send` then `recv` (rank 1: `recv` then `send`) of a float32 array on
   `engine="processes"`, `trace=False`: one round trip, two messages.
+- **default**: `dsml.collectives.allreduce(comm, x)` with no algorithm named — "auto" since
+  the all-reduce chooses by the engine's α, β, γ (`dsml.comm.costs`), the ring before; with
+  `--before`, the two side by side.
 - **ring**, **recursive_doubling**: `dsml.collectives.allreduce(comm, x, algorithm=...)`, same
   engine. At p = 2 the ring is two exchanges (reduce-scatter, all-gather), recursive doubling
   one. Every result is checked against the exact sum.
@@ -47,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HERE = str(Path(__file__).resolve())
 RESULT_MARK = "RESULT "
-DSML_KINDS = ("pingpong", "ring", "recursive_doubling")
+DSML_KINDS = ("pingpong", "default", "ring", "recursive_doubling")
 COLUMNS = DSML_KINDS + ("mpi", "mpi-pingpong", "pipe")
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -90,6 +93,8 @@ def dsml_worker(kind, nbytes, warm, calls, root=None):
             elif kind == "pingpong":
                 out = yield comm.recv(peer)
                 yield comm.send(peer, out)
+            elif kind == "default":         # no algorithm named: what a user gets
+                out = yield from allreduce(comm, x)
             else:
                 out = yield from allreduce(comm, x, algorithm=kind)
             times[i] = clock() - t
@@ -275,11 +280,11 @@ def main(argv=None) -> int:
         for name in order:
             summary = summarize(run_worker(jobs[name]))
             runs[name].append(summary)
-            print(f"#   repeat {repeat + 1}: {name:<30} median {summary['median'] * 1e6:7.1f} us"
+            print(f"#   repeat {repeat + 1}: {name:<30} median {summary['median'] * 1e6:7.1f} µs"
                   f"  ({uptime()})", file=sys.stderr, flush=True)
     print(f"# end: {uptime()}")
     mpi = statistics.median(r["median"] for r in runs["mpi"]) if "mpi" in runs else None
-    print(f"{'per call, rank 0':<30} {'median us':>10} {'range':>15} {'p10':>7} {'p90':>7} "
+    print(f"{'per call, rank 0':<30} {'median µs':>10} {'range':>15} {'p10':>7} {'p90':>7} "
           f"{'>1ms':>6}" + (f" {'/ MPI':>6}" if mpi else ""))
     for name in names:
         medians = [r["median"] * 1e6 for r in runs[name]]

@@ -4,7 +4,6 @@
 # -- cell 58
 import contextlib
 import hashlib
-import numbers
 import os
 import re
 import tempfile
@@ -49,6 +48,7 @@ def write_atomically(path, data: bytes) -> None:
 
 # -- cell 60
 from dsml.train.data import batch_indices
+from dsml.validate_args import integer
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -58,9 +58,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _check_count(name, value, least):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{name} must be an integer ≥ {least}, got {value!r}")
-    return int(value)
+    return integer(name, value, least)
 
 
 # -- cell 61

@@ -14,6 +14,7 @@ from dsml.collectives.cost import cost
 from dsml.data_parallel import flatten, my_shard, shard_bounds, unflatten
 from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
+from dsml.validate_args import integer
 
 WIRE_FLOAT = np.float32      # what goes on the wire for a value: fp32, as the dense baseline sends
 WIRE_INDEX = np.int32        # an index into a vector of < 2³¹ elements
@@ -42,9 +43,7 @@ def _check_vector(x, name: str = "x"):
 
 
 def _check_count(name: str, value, low: int = 1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer ≥ {low}, got {value!r}")
-    return int(value)
+    return integer(name, value, low)
 
 
 def _buckets(n: int, bucket):
@@ -396,7 +395,7 @@ def exchange(self, comm, x, rng=None):
             if np.issubdtype(a.dtype, np.integer) and comm.size > np.iinfo(a.dtype).max:
                 raise ValueError(f"{self.name}: a sum of {comm.size} {a.dtype} values can "
                                  f"overflow; at most {np.iinfo(a.dtype).max} ranks")
-            summed[name] = yield from allreduce(comm, a, op="sum")
+            summed[name] = yield from allreduce(comm, a, op="sum", algorithm="ring")
         return self.decompress(Compressed(summed, c.n)), mine
     mine_wire = pack(c)
     gathered = yield from allgather(comm, mine_wire)
@@ -501,13 +500,13 @@ def exchange(self, comm, x, rng=None):
     rows, cols = self._rows_cols()
     first = np.concatenate([_concat_f32([M @ Q for M, Q in zip(matrices, self.Q)]),
                             dense.astype(WIRE_FLOAT)])
-    summed = yield from allreduce(comm, first, op="sum")
+    summed = yield from allreduce(comm, first, op="sum", algorithm="ring")
     P_sums, dense_sum = self._cut(summed, rows)
     # Every rank holds the same P sum, so every rank computes the same P̂.
     P_hats = [np.linalg.qr(P)[0] for P in P_sums]
     Q_mine = [M.T @ P for M, P in zip(matrices, P_hats)]
     Q_wire = _concat_f32(Q_mine)
-    Q_summed = yield from allreduce(comm, Q_wire, op="sum")
+    Q_summed = yield from allreduce(comm, Q_wire, op="sum", algorithm="ring")
     Q_sums, _ = self._cut(Q_summed, cols)
     Q_mine, _ = self._cut(Q_wire, cols)                 # as rounded on the wire
     self.Q = [Q / comm.size for Q in Q_sums]              # warm start: the mean Q

@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from dsml.comm import SizeOnly
-from dsml.memory import ACTIVATION_BYTES
+from dsml.step_model import ACTIVATION_BYTES
 
 
 def check_split(seq: int, cp: int, parts_per_rank: int = 1) -> None:

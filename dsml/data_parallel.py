@@ -144,7 +144,7 @@ def join_sgd(comm, model, optimizer, X, y, my_batches, loss="cross_entropy"):
         else:                                          # joined: shadow the all-reduce
             zeros = {n: np.zeros_like(w) for n, w in model.params.items() if n not in model.frozen}
             vector, layout = flatten(zeros, extra=3)
-        total = yield from allreduce(comm, vector, op="sum")
+        total = yield from allreduce(comm, vector, op="sum", algorithm="ring")
         if total[-1] == 0:                             # nobody had data: every rank stops
             return losses
         count = total[-2]

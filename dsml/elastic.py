@@ -1,5 +1,8 @@
 """Generated from notebooks/week6_fault_tolerance_and_scaling.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# names defined in earlier cells of the same notebook (added by the exporter)
+from dsml.membership_store import STORE_TAG, membership_store, next_request, propose, read_store
+
 
 # -- cell 110
 import copy
@@ -14,7 +17,6 @@ from dsml.train.models import loss_and_grads
 from dsml.utils import add_to_class
 
 UP, DOWN = 70, 71           # tags: messages towards the leader, and from the leader
-STORE_TAG = 72              # requests to the membership store, and its answers
 RULES = ("global", "linear")
 RESTORES = ("checkpoint", "replica")
 
@@ -61,6 +63,8 @@ def scaled(rule: str, batch: int, lr: float, members: int, initial_members: int)
 
 
 # -- cell 111
+import time
+
 CRASH_POINTS = ("step", "reply", "rendezvous", "commit")
 
 
@@ -94,6 +98,16 @@ def state_checksum(state) -> int:
         for part in (value if isinstance(value, tuple) else (value,)):
             crc = zlib.crc32(np.ascontiguousarray(part).tobytes(), crc)
     return crc
+
+
+def pause(comm, seconds: float):
+    """Let `seconds` pass on any engine: simulated time on the simulator; on the real engines,
+    where compute takes no time, the rest is slept."""
+    start = yield comm.now()
+    yield comm.compute(seconds)
+    left = seconds - ((yield comm.now()) - start)
+    if left > 1e-9:
+        time.sleep(left)
 
 
 # -- cell 113
@@ -153,7 +167,7 @@ class ElasticRank:
             yield self.comm.compute(self.detect)
 
 
-# -- cell 114
+# -- cell 116
 @add_to_class(ElasticRank)
 def candidate(self) -> int:
     """The most senior rank not known dead that this rank can see: its members (a member),
@@ -170,71 +184,7 @@ def joiners_due(self, step: int) -> list:
     return [r for r in self.seniority if r in self.joins and r not in self.members
             and r not in self.dead and self.joins[r] <= step and self.joins[r] < self.steps]
 
-def membership_store(comm, clients, members):
-    """Rank program: the membership store. It holds the membership and its generation and
-    changes them only by compare-and-set: ("cas", generation seen, members) succeeds when the
-    generation is still the one seen, and moves it on by one; otherwise it is refused. A
-    ("read",) changes nothing. Every request is answered (verdict, generation, members). It
-    serves `clients` until each has said ("bye",) or failed, and returns {"generation",
-    "members", "log": [(generation, members, proposer)], "refused": [(proposer, generation
-    seen, generation held)]}."""
-    generation, members = 0, list(members)
-    log, refused, gone = [(0, list(members), None)], [], set()
-    while not set(clients) <= gone:            # a failed non-client counts for nothing
-        got = yield from next_request(comm, STORE_TAG, gone)
-        if got is None:
-            continue
-        src, request = got
-        if request[0] == "read":
-            yield comm.send(src, ("ok", generation, members), tag=STORE_TAG)
-            continue
-        verdict = "ok" if request[1] == generation else "refused"
-        if verdict == "ok":
-            generation, members = generation + 1, list(request[2])
-            log.append((generation, members, src))
-        else:
-            refused.append((src, request[1], generation))
-        yield comm.send(src, (verdict, generation, members), tag=STORE_TAG)
-    return {"status": "store", "generation": generation, "members": members, "log": log,
-            "refused": refused}
 
-
-def next_request(comm, tag: int, gone: set):
-    """A server's next request on `tag`: (src, request), or None when it was a failure notice
-    or a ("bye",) — its sender then joins `gone`."""
-    try:
-        src, request = yield comm.recv_any(tag)
-    except PeerFailed as failure:
-        gone.add(failure.rank)
-        return None
-    if request[0] == "bye":
-        gone.add(src)
-        return None
-    return src, request
-
-
-# -- cell 115
-def propose(comm, store, members, seen: int):
-    """Have the membership store at rank `store` take `members` on top of generation `seen`;
-    returns the generation it took them under. A refusal means someone moved the generation
-    on since `seen` (in a fail-stop run: a proposer that has died since — a live one is
-    never passed over), so propose again on top of what the store holds."""
-    while True:
-        yield comm.send(store, ("cas", seen, members), tag=STORE_TAG)
-        verdict, generation, _ = yield comm.recv(store, tag=STORE_TAG)
-        if verdict == "ok":
-            return generation
-        seen = generation
-
-
-def read_store(comm, store):
-    """(generation, members) as the membership store at rank `store` holds them now."""
-    yield comm.send(store, ("read",), tag=STORE_TAG)
-    _, generation, members = yield comm.recv(store, tag=STORE_TAG)
-    return generation, members
-
-
-# -- cell 116
 @add_to_class(ElasticRank)
 def local_gradient(self):
     """This rank's shard of the current global batch: (samples, flat vector of gradient sums
@@ -928,112 +878,3 @@ def replay(model, optimizer, X, y, history, seed: int = 0, loss: str = "cross_en
         optimizer.step(model.params, grads)
         losses.append(value)
     return losses
-
-
-# -- cell 158
-import multiprocessing
-import os
-import signal
-import time
-
-HEARTBEAT_TAG = 41
-
-
-def pause(comm, seconds: float):
-    """Let `seconds` pass on any engine: simulated time on the simulator; on the real engines,
-    where compute takes no time, the rest is slept."""
-    start = yield comm.now()
-    yield comm.compute(seconds)
-    left = seconds - ((yield comm.now()) - start)
-    if left > 1e-9:
-        time.sleep(left)
-
-
-def heartbeat_worker(comm, monitor: int, period: float, stalls, crash_at=None,
-                     how: str = "raise"):
-    """Rank program: send `monitor` a heartbeat ("beat", fencing token) after each `period`
-    s of work, late by `stalls[k]` s for beat k (a straggler), then ("bye", token). With
-    `crash_at` = k it fails instead of beat k: how="raise" ends it fail-stop (the time on the
-    error's `.time`), how="kill" SIGKILLs its own process (engine="processes" only). The
-    token is the epoch the worker was admitted in: 0."""
-    token = 0
-    for k, stall in enumerate(stalls):
-        if k == crash_at:
-            yield from fail_now(comm, how, f"rank {comm.rank} failed before heartbeat {k}")
-        yield from pause(comm, period + float(stall))
-        yield comm.send(monitor, ("beat", token), tag=HEARTBEAT_TAG)
-    yield comm.send(monitor, ("bye", token), tag=HEARTBEAT_TAG)
-    return "finished"
-
-
-def heartbeat_clock(comm, monitor: int, every: float):
-    """Rank program: the monitor's timer. A rank program can only wait for messages, so time
-    passing is a message too: a tick every `every` s, each answered "go on" or "stop"."""
-    while True:
-        yield from pause(comm, every)
-        yield comm.send(monitor, ("tick", 0), tag=HEARTBEAT_TAG)
-        if (yield comm.recv(monitor, tag=HEARTBEAT_TAG)) == "stop":
-            return "stopped"
-
-
-def fail_now(comm, how: str, why: str):
-    """Fail this rank: raise InjectedCrash (its `.time` the failure's), or with how="kill"
-    send its own process SIGKILL — no exception, no goodbye: the pipe just goes silent."""
-    if how == "kill":
-        if multiprocessing.parent_process() is None:
-            raise ValueError("how='kill' needs engine='processes' (it kills the process)")
-        os.kill(os.getpid(), signal.SIGKILL)
-    if how != "raise":
-        raise ValueError(f"how must be 'raise' or 'kill', got {how!r}")
-    error = InjectedCrash(why)
-    error.time = yield comm.now()
-    raise error
-
-
-# -- cell 159
-def heartbeat_monitor(comm, workers, clock: int, timeout: float, store=None):
-    """Rank program: the failure detector and membership. It takes the next message from
-    anyone: a heartbeat notes when its worker was last heard; a tick from the `clock` rank
-    suspects each member silent for more than `timeout` s and removes it — a new epoch, its
-    token revoked, whatever it sends later refused (fenced). The engine's failure notice
-    (PeerFailed) only says a worker will send nothing more; it never decides a suspicion.
-    With `store` (a membership_store's rank), each suspicion goes to the store, which decides
-    the new membership's generation by compare-and-set.
-    Returns, once every worker has said bye or been suspected, and has gone quiet,
-    {"suspected": {rank: time}, "fenced": [(time, rank)], "epoch", "finished": {ranks},
-    "last": {rank: when last heard}} (times from comm.now())."""
-    last = dict.fromkeys(workers, 0.0)
-    revoked, suspected, fenced, finished, quiet = set(), {}, [], set(), set()
-    epoch = 0
-    while any((w not in finished and w not in suspected) or w not in quiet for w in workers):
-        try:
-            src, (kind, token) = yield comm.recv_any(HEARTBEAT_TAG)
-        except PeerFailed as failure:
-            quiet.add(failure.rank)                # silence from now on
-            continue
-        now = yield comm.now()
-        if src == clock:
-            for worker in workers:
-                if worker not in finished and worker not in suspected \
-                        and now - last[worker] > timeout:
-                    suspected[worker] = now
-                    revoked.add((worker, 0))
-                    alive = [w for w in workers if w not in suspected]
-                    epoch = epoch + 1 if store is None else \
-                        (yield from propose(comm, store, alive, epoch))
-            yield comm.send(clock, "go on", tag=HEARTBEAT_TAG)
-            continue
-        if (src, token) in revoked:
-            fenced.append((now, src))              # a revoked token: refused
-        else:
-            last[src] = now
-            if kind == "bye":
-                finished.add(src)
-        if kind == "bye":
-            quiet.add(src)
-    yield comm.recv(clock, tag=HEARTBEAT_TAG)      # the clock's next tick: tell it to stop
-    yield comm.send(clock, "stop", tag=HEARTBEAT_TAG)
-    if store is not None:
-        yield comm.send(store, ("bye",), tag=STORE_TAG)
-    return {"suspected": suspected, "fenced": fenced, "epoch": epoch, "finished": finished,
-            "last": last}

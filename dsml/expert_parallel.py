@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dsml.memory import TransformerConfig
+from dsml.model_config import TransformerConfig
 
 
 def _count(name: str, value, minimum: int = 1) -> int:
@@ -337,11 +337,11 @@ def alltoall_lower_bound(ranks: int, block_bytes: float, host_bandwidth: float,
 
 
 # -- cell 35
-from dsml.memory import (A100_HBM_BANDWIDTH, ACTIVATION_BYTES, BACKWARD_TRAFFIC, GEMM_EFFICIENCY,
-                         MASK_BYTES, PRECISIONS, Layout, StepEstimate, estimate_step,
-                         forward_flops_per_sequence, matmul_seconds, memory_per_rank,
-                         params_per_rank, stage_microbatch_seconds, zero_model_state_bytes,
-                         data_parallel_seconds)
+from dsml.memory import PRECISIONS, Layout, memory_per_rank, params_per_rank, zero_model_state_bytes
+from dsml.step_model import (A100_HBM_BANDWIDTH, ACTIVATION_BYTES, BACKWARD_TRAFFIC,
+                             GEMM_EFFICIENCY, MASK_BYTES, StepEstimate, estimate_step,
+                             forward_flops_per_sequence, matmul_seconds, stage_microbatch_seconds,
+                             data_parallel_seconds)
 from dsml.context_parallel import ring_attention_kv_bytes
 from dsml.net.presets import DEVICES, LINKS
 

@@ -10,33 +10,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsml.collectives import allreduce
+from dsml.validate_args import integer, positive_number
 
 
 def check_positive(name: str, value: float) -> float:
     """A time or a rate that must be a finite number > 0 (seconds unless the name says)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    value = float(value)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return value
+    return positive_number(name, value)
 
 
 def check_nonnegative(name: str, value: float) -> float:
     """A time that may be zero: a finite number ≥ 0 (seconds)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
-    value = float(value)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
-    return value
+    return positive_number(name, value, allow_zero=True)
 
 
 def check_count(name: str, value: int, minimum: int = 0) -> int:
     """A count: an integer ≥ minimum (not a bool, not a float)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum)
 
 
 # -- cell 9
@@ -245,7 +234,7 @@ def synchronous_steps(comm, step_times: np.ndarray):
     ends = []
     for step in range(step_times.shape[0]):
         yield comm.compute(float(step_times[step, comm.rank]))
-        yield from allreduce(comm, np.zeros(1))
+        yield from allreduce(comm, np.zeros(1), algorithm="ring")
         ends.append((yield comm.now()))
     return ends
 

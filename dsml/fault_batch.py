@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dsml.validate_args import positive_number
+
 
 def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
                                restart_cost: float, failure_times: np.ndarray, horizon: float,
@@ -32,10 +34,12 @@ def simulate_checkpointed_jobs(work: float, interval, checkpoint_cost: float,
     interval = np.broadcast_to(np.asarray(interval, dtype=float), (runs,)).copy()
     if not (np.all(interval > 0) and np.all(np.isfinite(interval))):
         raise ValueError(f"interval must be finite and > 0 (s), got {interval[~(interval > 0)][:1]}")
-    from dsml.fault import check_job, check_positive    # at call time: dsml.fault imports us
-    work, _, checkpoint_cost, write_time, restart_cost = check_job(
-        work, 1.0, checkpoint_cost, write_time, restart_cost)
-    horizon = check_positive("horizon", horizon)
+    # The checks of dsml.fault.check_job, made here: dsml.fault imports this module, not back.
+    work = positive_number("work", work)
+    checkpoint_cost = positive_number("checkpoint_cost", checkpoint_cost, allow_zero=True)
+    write_time = positive_number("write_time", write_time, allow_zero=True)
+    restart_cost = positive_number("restart_cost", restart_cost, allow_zero=True)
+    horizon = positive_number("horizon", horizon)
     rows = np.arange(runs)
     t = np.zeros(runs)
     progress, durable = np.zeros(runs), np.zeros(runs)

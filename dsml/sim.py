@@ -6,7 +6,7 @@ import heapq
 import itertools
 from typing import Any, Callable, NamedTuple
 
-from dsml.sim_support import Limits, Thrown, TraceBase, Tracks
+from dsml.sim_support import Limits, Thrown, TraceBase, Tracks, describe_wait
 from dsml.utils import add_to_class
 
 
@@ -35,12 +35,6 @@ class ProcessFailed(SimulationError):
 
 class LimitExceeded(SimulationError):
     """The run reached `max_events` steps or `timeout` seconds (dsml.sim_support.Limits)."""
-
-
-def describe_wait(request: Any) -> str:
-    """What a process waits for, in words (requests may define describe())."""
-    describe = getattr(request, "describe", None)
-    return describe() if describe else f"waits on {request!r}"
 
 
 # -- cell 14

@@ -1,9 +1,12 @@
 """Plumbing (hand-written): the simulator's guards and bookkeeping — the limits that bound a
 run (`Limits`), the answer a process raises instead of receiving (`Thrown`, week 4), the trace
 track each process is drawn on (`Tracks`), and what a `Trace` offers beyond its records
-(`TraceBase`: list-like access, per-rank views, the Chrome trace export).
+(`TraceBase`: list-like access, per-rank views, the Chrome trace export), and a process's wait
+in words (`describe_wait`, for deadlock and limit reports).
 
-`dsml.sim` (generated from week 1's notebook) calls these; a learner need not read them.
+`dsml.sim` (generated from week 1's notebook) calls these; a learner need not read them. The
+import points one way: `dsml.sim` imports this module, which imports nothing of `dsml.sim` (the
+error class a limit raises is handed to `Limits`).
 
 **Limits.** A simulation counts *steps*: every event the loop processes, and every request a
 handler answers at once (a zero-second `compute`, `now()`, a free `combine`, a message already
@@ -90,7 +93,6 @@ class Limits:
 def limit_message(sim, limit: str, advice: str) -> str:
     """What LimitExceeded says: the limit reached, and what each unfinished process was doing
     (its request, as in a deadlock report; the first SHOWN of them)."""
-    from dsml.sim import describe_wait      # dsml.sim imports this module: import it late
     waiting = [p for p in sim.processes if not p.done]
     lines = [f"{p.name} " + ("has not started" if p.waiting_for is None
                              else describe_wait(p.waiting_for)) for p in waiting[:SHOWN]]
@@ -99,6 +101,13 @@ def limit_message(sim, limit: str, advice: str) -> str:
     return (f"stopped after {limit} at t={sim.now:.9g} s; a program that never ends? "
             f"{len(waiting)} process(es) had not finished:\n  " + "\n  ".join(lines)
             + f"\n({advice})")
+
+
+def describe_wait(request) -> str:
+    """What a process waits for, in words (requests may define describe()): a deadlock report
+    (dsml.sim.DeadlockError) and a LimitExceeded message list one line of it per process."""
+    describe = getattr(request, "describe", None)
+    return describe() if describe else f"waits on {request!r}"
 
 
 class Thrown:

@@ -5,7 +5,8 @@ All of them are short: the point of each exercise is the reasoning in its statem
 """
 from __future__ import annotations
 
-from dsml.memory import GB, Layout, memory_per_rank, preset
+from dsml.model_config import preset
+from dsml.memory import GB, Layout, memory_per_rank
 
 
 def tp_mlp_bytes(batch, seq, hidden, tp, itemsize):

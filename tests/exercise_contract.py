@@ -384,3 +384,85 @@ def contract_tests(week: int, count: int, solution: ModuleType, wrong: dict,
     for name, test in tests.items():
         test.__name__ = test.__qualname__ = name
     return tests
+
+
+# --- fresh cases: remembered answers do not pass ---------------------------------------------
+
+FRESH_BASES = range(6)    # the bases a test of fresh cases tries (each check draws anew)
+
+
+def learn_from_hints(exercise_id: str, call_pattern: str, expected_pattern: str,
+                     tries: int = 30) -> tuple[bool, dict, str]:
+    """Play the learner who does not solve the exercise but keeps a table of the answers the
+    hints give away: an answer that looks its inputs up (0 if unknown); after every ✗ the
+    inputs (`call_pattern`'s groups) and the expected value (`expected_pattern`'s group) that
+    the hint shows go into the table. Returns (passed, table, the last message)."""
+    table: dict = {}
+
+    def remembered(*args):
+        return table.get(tuple(float(a) for a in args), 0.0)
+
+    message = ""
+    for _ in range(tries):
+        result = grade(exercise_id, remembered)
+        message = result.message
+        if result.passed:
+            return True, table, message
+        call, expected = re.search(call_pattern, message), re.search(expected_pattern, message)
+        if call is None or expected is None:
+            return False, table, message           # the hint gave nothing more away
+        key, value = tuple(float(v) for v in call.groups()), float(expected.group(1))
+        if table.get(key) == value:                # nothing new: it cannot get further
+            return False, table, message
+        table[key] = value                         # (a hint may show more digits next time)
+    return False, table, message
+
+
+def passes_for_every_base(exercise_id: str, answer: Callable, calls: int = 2) -> list[str]:
+    """The messages of the checks of `answer` that did not pass, over FRESH_BASES × `calls`."""
+    from dsml.exercises import fresh_seed
+    failures = []
+    for base in FRESH_BASES:
+        with fresh_seed(base):
+            for _ in range(calls):
+                result = grade(exercise_id, answer)
+                if not result.passed:
+                    failures.append(f"base {base}: {result.line()}")
+    return failures
+
+
+def fails_for_every_base(exercise_id: str, answer: Callable, calls: int = 2) -> list[str]:
+    """The bases (and calls) under which `answer`, a wrong answer, passed."""
+    from dsml.exercises import fresh_seed
+    passed = []
+    for base in FRESH_BASES:
+        with fresh_seed(base):
+            for call in range(calls):
+                if grade(exercise_id, answer).passed:
+                    passed.append(f"base {base}, call {call}")
+    return passed
+
+
+def fresh_cases_keep_the_contract(exercise_id: str, reference: Callable, wrong: dict,
+                                  right: dict) -> None:
+    """Under every base of FRESH_BASES (two checks each), the reference and the accepted
+    alternatives pass and every named mistake fails."""
+    assert passes_for_every_base(exercise_id, reference) == []
+    for answer in right.get(exercise_id, []):
+        assert passes_for_every_base(exercise_id, answer) == [], answer.__name__
+    for answer in wrong.get(exercise_id, []):
+        assert fails_for_every_base(exercise_id, answer) == [], answer.__name__
+
+
+def copied_answers_never_pass(exercise_id: str, call_pattern: str, expected_pattern: str) -> int:
+    """Under every base of FRESH_BASES, the learner who keeps a table of the values the hints
+    give away (`learn_from_hints`) does not pass; returns how many entries it learned at most."""
+    from dsml.exercises import fresh_seed
+    most = 0
+    for base in FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = learn_from_hints(exercise_id, call_pattern,
+                                                      expected_pattern)
+        assert not passed, f"base {base}: {message}"
+        most = max(most, len(table))
+    return most

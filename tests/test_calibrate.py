@@ -10,10 +10,11 @@ import pytest
 
 from dsml import cli
 from dsml.collectives import ALLREDUCE_ALGORITHMS, cost
-from dsml.collectives.validate import (allreduce_iterations, available_cores,
-                                       measure_allreduce, predicted_allreduce, timed_allreduce,
-                                       validate)
-from dsml.comm.calibrate import calibrate, measure, ping_pong, reduction_seconds_per_byte
+from dsml.collectives.validate import (Validation, allreduce_iterations, available_cores,
+                                       measure_allreduce, miss, predicted_allreduce, summary,
+                                       timed_allreduce, validate)
+from dsml.comm.calibrate import (calibrate, fit_warnings, measure, ping_pong,
+                                 reduction_seconds_per_byte)
 from dsml.comm.run import run
 from dsml.net.alphabeta import AlphaBeta
 from dsml.net.saved import load_measurement, load_network, save_network
@@ -72,20 +73,59 @@ def test_reduction_time_per_byte_is_positive():
 
 # --- calibrate: the ping-pong fitted, γ measured, the result saved and loaded ---------------------
 
-def test_calibrate_on_the_simulator_recovers_alpha_and_beta():
-    network, times = calibrate("sim", sizes=[1, 1024, 1 << 20], round_trips=2, repeats=1,
-                               network=AlphaBeta(4e-6, 3e-10))
-    assert times == [pytest.approx(4e-6 + n * 3e-10, rel=1e-12) for n in (1, 1024, 1 << 20)]
-    assert network.alpha == pytest.approx(4e-6, rel=1e-9)
-    assert network.beta == pytest.approx(3e-10, rel=1e-9)
-    assert 0 < network.gamma < 1e-6          # this machine's np.add, whatever the engine
+def test_calibrate_on_the_simulator_recovers_alpha_beta_and_gamma():
+    """On the simulator an exchange step costs α + nβ each way at once, and adding charges nγ
+    more: the fit gives the network back."""
+    net = AlphaBeta(4e-6, 3e-10, 1e-10)
+    calibration = calibrate("sim", sizes=[8, 1024, 1 << 20], steps=2, repeats=1, network=net)
+    assert calibration.step_seconds == [pytest.approx(4e-6 + n * 3e-10, rel=1e-12)
+                                        for n in (8, 1024, 1 << 20)]
+    assert calibration.add_seconds == [pytest.approx(4e-6 + n * 4e-10, rel=1e-12)
+                                       for n in (8, 1024, 1 << 20)]
+    got = calibration.network
+    assert (got.alpha, got.beta, got.gamma) == (pytest.approx(4e-6, rel=1e-9),
+                                                pytest.approx(3e-10, rel=1e-9),
+                                                pytest.approx(1e-10, rel=1e-6))
+    assert calibration.warnings == []
+
+
+def test_calibrate_times_an_exchange_not_a_ping_pong():
+    """Both ranks send at once: on the single-port full-duplex model the exchange costs one
+    message time, and a ping-pong round trip two — the step a collective takes is the first."""
+    net = AlphaBeta(1e-6, 1e-9)
+    steps = calibrate("sim", sizes=[8, 4096], steps=1, repeats=1, network=net).step_seconds
+    assert steps == [pytest.approx(net.message_time(n), rel=1e-12) for n in (8, 4096)]
+
+
+def test_calibrate_measures_on_real_processes():
+    calibration = calibrate("processes", sizes=[8, 1 << 16, 1 << 20], steps=2, repeats=1)
+    assert len(calibration.step_seconds) == 3 and min(calibration.step_seconds) > 0
+    assert calibration.network.alpha >= 0 and calibration.network.gamma >= 0
 
 
 def test_calibrate_reports_each_size_as_it_goes():
     seen = []
-    calibrate("sim", sizes=[8, 64], round_trips=1, repeats=1, network=AlphaBeta(1e-6, 1e-9),
-              report=lambda n, t: seen.append((n, t)))
-    assert [n for n, _ in seen] == [8, 64] and all(t > 0 for _, t in seen)
+    calibrate("sim", sizes=[8, 64], steps=1, repeats=1, network=AlphaBeta(1e-6, 1e-9),
+              report=lambda n, copy, add: seen.append((n, copy, add)))
+    assert [n for n, _, _ in seen] == [8, 64] and all(c > 0 and a >= c for _, c, a in seen)
+
+
+@pytest.mark.parametrize("sizes,words", [([8, 12], "multiples of 8 bytes"),
+                                         ([64], "at least 2 sizes")])
+def test_calibrate_refuses_sizes_it_cannot_fit(sizes, words):
+    with pytest.raises(ValueError, match=words):
+        calibrate("sim", sizes=sizes, network=AlphaBeta(1e-6, 1e-9))
+
+
+def test_a_size_far_off_the_line_and_a_far_half_performance_size_are_warned_of():
+    sizes = [8, 64, 512, 4096]
+    seconds = [10e-6, 10e-6, 40e-6, 11e-6]          # 512 B: 4× the line through the others
+    warnings = fit_warnings(sizes, seconds, 10e-6, 1e-10)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("512 B took 40.0 µs where the fitted line says 10.1 µs (3.98×)")
+    assert "α/β = 100000 B lies beyond the largest size measured (4096 B)" in warnings[1]
+    on_line = [10e-6 + n * 1e-8 for n in sizes]                    # n½ = 1000 B: measured
+    assert fit_warnings(sizes, on_line, 10e-6, 1e-8) == []
 
 
 def test_a_saved_network_loads_back_with_its_measurement(tmp_path):
@@ -140,7 +180,41 @@ def test_validate_runs_every_algorithm_for_real_and_predicts_each():
     for r in rows:
         assert r.measured > 0
         assert r.predicted == predicted_allreduce(r.world_size, r.nbytes, net, r.algorithm)
-        assert r.error == pytest.approx(r.predicted / r.measured - 1)
+        assert r.ratio == pytest.approx(r.measured / r.predicted)
+        assert r.spread == (r.measured, r.measured)          # one repeat
+
+
+def test_ratios_read_a_miss_the_same_way_on_either_side():
+    """A model 3× too fast and one 3× too slow are the same size of miss; a percentage error
+    would print them as +200 % and −67 %."""
+    fast, slow = Validation("ring", 2, 65536, 3.0, 1.0), Validation("ring", 2, 65536, 1.0, 3.0)
+    assert (fast.ratio, slow.ratio) == (3.0, pytest.approx(1 / 3))
+    assert miss(fast.ratio) == miss(slow.ratio) == pytest.approx(3.0)
+    small = Validation("ring", 2, 1024, 6.9, 1.0)
+    median, worst = summary([fast, slow, small, Validation("tree", 2, 65536, 1.1, 1.0, (1.0, 1.2))])
+    assert worst == 6.9 and median == pytest.approx(2.05)
+    assert summary([fast, slow, small], smallest=65536) == (pytest.approx(5 / 3), 3.0)
+
+
+def test_the_timed_loop_reports_the_median_call_not_the_mean():
+    """One call in ten that lost its core for 10 ms moves a loop's mean tenfold, not the
+    median call."""
+    from dsml.collectives.validate import timed_loop
+
+    class Comm:
+        rank, size = 0, 1
+
+        def now(self):
+            return "now"
+
+    stamps = iter([0.0] + [1e-3 * i for i in range(1, 10)] + [19e-3])   # the last call: 10 ms
+    program = timed_loop(Comm(), np.ones(4), "ring", 0, 10)
+    request = next(program)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            request = program.send(next(stamps) if request == "now" else None)
+    seconds, out = stop.value.value
+    assert seconds == pytest.approx(1e-3) and np.array_equal(out, np.ones(4))
 
 
 def test_the_prediction_runs_the_same_measurement_on_the_simulator():
@@ -181,14 +255,14 @@ def test_validate_refuses_sizes_that_are_not_whole_float64_vectors():
 def test_dsml_calibrate_writes_a_file_the_simulator_loads(tmp_path, capsys):
     path = tmp_path / "net.json"
     # 16 MiB copies take milliseconds, far above the noise of small messages, so β > 0
-    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "16M", "-f",
-                     "16", "--repeats", "1", "--round-trips", "2"]) == 0
+    assert cli.main(["calibrate", "--engine", "threads", "--output", str(path), "-e", "16M",
+                     "-f", "16", "--repeats", "1", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert f"# wrote {path}" in out
     record = load_measurement(path)
     assert record["engine"] == "threads"
-    assert record["sizes"] == [1, 16, 256, 4096, 65536, 1 << 20, 1 << 24]
-    assert len(record["one_way_seconds"]) == 7
+    assert record["sizes"] == [8, 128, 2048, 32768, 1 << 19, 1 << 23]
+    assert len(record["step_seconds"]) == len(record["add_seconds"]) == 6
     assert load_network(path).alpha > 0
 
 
@@ -196,8 +270,8 @@ def test_dsml_calibrate_writes_nothing_when_the_fit_finds_no_bandwidth(tmp_path,
                                                                        monkeypatch):
     monkeypatch.setattr("dsml.comm.calibrate.fit_alpha_beta", lambda sizes, times: (4e-5, 0.0))
     path = tmp_path / "net.json"
-    assert cli.main(["calibrate", "--engine", "threads", "-o", str(path), "-e", "64",
-                     "--repeats", "1", "--round-trips", "1"]) == 2
+    assert cli.main(["calibrate", "--engine", "threads", "--output", str(path), "-e", "64",
+                     "--repeats", "1", "--steps", "1"]) == 2
     assert "nothing written" in capsys.readouterr().err and not path.exists()
 
 
@@ -217,10 +291,15 @@ def test_dsml_validate_prints_one_row_per_run(tmp_path, capsys):
         ("3", "ring", "16384")]
     for row in rows:
         predicted = predicted_allreduce(int(row[0]), int(row[2]), load_network(path), "ring")
-        assert float(row[4]) == pytest.approx(predicted * 1e6, abs=0.06)
+        assert float(row[5]) == pytest.approx(predicted * 1e6, abs=0.06)
+        low, high = map(float, row[4].split("-"))
+        assert low == high == float(row[3])                 # one repeat: no spread
+        assert float(row[6].rstrip("x")) == pytest.approx(float(row[3]) / float(row[5]), rel=0.01)
     cores = available_cores()
     for p in (2, 3):
-        assert f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): median |error|" in out
+        assert f"# p = {p} ({'≤' if p <= cores else '>'} {cores} cores): measured / predicted " \
+               f"median" in out
+    assert "%" not in out and " us" not in out
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -10,7 +10,7 @@ import pytest
 import dsml.collectives
 from dsml.cli import (BENCH_COLLECTIVES, _count_wrong, bench_count, busbw_factor,
                       default_algorithm, exact_reduction, main)
-from dsml.collectives import COLLECTIVE_ALGORITHMS, cost
+from dsml.collectives import ALLREDUCE_ALGORITHMS, COLLECTIVE_ALGORITHMS, cost
 
 COLUMNS = ["size (B)", "count", "type", "redop", "root", "time (µs)", "spread (µs)",
            "algbw (GB/s)", "busbw (GB/s)", "#wrong"]
@@ -69,7 +69,7 @@ def test_sim_times_match_the_cost_model(capsys, collective, algorithm):
 
 def test_sim_charges_gamma_for_reductions(capsys):
     code, _, _, rows = run_bench(capsys, *sim_args("allreduce", 8, "--gamma", 5e-10,
-                                                   "-b", "1M", "-e", "1M"))
+                                                   "-b", "1M", "-e", "1M", "--algorithm", "ring"))
     assert code == 0
     want = cost("allreduce", "ring", 8, 1024**2, ALPHA, BETA, 5e-10)
     assert float(rows[0]["time (µs)"]) == pytest.approx(want * 1e6, abs=0.006)
@@ -168,10 +168,18 @@ def test_one_rank_and_lengths_shorter_than_the_rank_count(capsys):
     assert code == 0 and all(r["#wrong"] == "0" for r in rows), out
 
 
-def test_default_algorithm_is_the_library_default():
-    assert default_algorithm("allreduce") == "ring"
+def test_default_algorithm_is_the_library_default(capsys):
+    assert default_algorithm("allreduce") == "auto"
     assert default_algorithm("broadcast") == "binomial"
     assert default_algorithm("alltoall") == "pairwise"
+    # the default all-reduce on the simulator takes the time of the algorithm the model picks
+    code, out, _, rows = run_bench(capsys, *sim_args("allreduce", 8, "-b", "16", "-e", "1M",
+                                                     "-f", "256"))
+    assert code == 0 and "algorithm auto (the cheapest" in out
+    for row in rows:
+        n = int(row["size (B)"])
+        best = min(cost("allreduce", a, 8, n, ALPHA, BETA) for a in ALLREDUCE_ALGORITHMS)
+        assert float(row["time (µs)"]) == pytest.approx(best * 1e6, abs=0.006)
 
 
 # --- the check cannot be vacuous -----------------------------------------------------------------
@@ -275,7 +283,7 @@ def test_no_check_prints_n_a(capsys):
     (["allreduce", "--world-size", "0"], "--world-size must be in 1..1024, got 0"),
     (["broadcast", "--world-size", "4", "--root", "4"], "--root must be a rank in 0..3"),
     (["reduce", "--world-size", "2", "--root", "-1"], "--root must be a rank in 0..1"),
-    (["allreduce", "-b", "64", "-e", "8"], "need 1 ≤ begin ≤ end"),
+    (["allreduce", "-b", "64", "-e", "8"], "the range -b 64 … -e 8 is empty"),
     (["allreduce", "-f", "1"], "factor must be ≥ 2"),
     (["allreduce", "--iters", "0"], "--iters must be ≥ 1"),
 ])
@@ -286,7 +294,7 @@ def test_bad_input_exits_with_a_clear_error(capsys, argv, message):
     assert err.startswith("dsml: error: ") and message in err, err
 
 
-@pytest.mark.parametrize("argv", [["gather"], ["allreduce", "--op", "mean"],
+@pytest.mark.parametrize("argv", [["gather"], ["allreduce", "--op", "average"],
                                   ["allreduce", "--dtype", "float16"], ["allreduce", "-b", "x"]])
 def test_argparse_rejects_unknown_choices(capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
@@ -359,7 +367,7 @@ def test_count_is_per_rank_for_blocked_collectives_and_whole_otherwise(capsys):
 
 def test_time_over_ranks_follows_dash_a(capsys, monkeypatch):
     """Each rank reports its own time; -a 0/1/2/3 takes rank 0's, the mean, the min, the max."""
-    import dsml.cli as cli_module
+    import dsml.cli.bench as cli_module
 
     def fake_bench_rank(comm, spec):
         yield comm.compute(0.0)
@@ -374,7 +382,7 @@ def test_time_over_ranks_follows_dash_a(capsys, monkeypatch):
 
 
 def test_defaults_follow_nccl_tests_and_the_header_says_so(capsys, monkeypatch):
-    import dsml.cli as cli_module
+    import dsml.cli.bench as cli_module
 
     seen = {}
 
@@ -415,12 +423,12 @@ def test_avg_is_the_sum_over_p_and_checks_clean(capsys, collective, engine):
              "-e", "96", "-n", "2", "--repeats", "1", "-w", "1"])
     code, out, _, rows = run_bench(capsys, *argv)
     assert code == 0, out
-    assert rows[0]["redop"] == "avg" and rows[0]["#wrong"] == "0"
+    assert rows[0]["redop"] == "mean" and rows[0]["#wrong"] == "0"   # the one name printed
 
 
 def test_avg_of_integers_is_refused(capsys):
     assert main(["bench", "allreduce", "--engine", "sim", "--op", "avg", "-d", "int32"]) == 2
-    assert "--op avg needs a float --dtype" in capsys.readouterr().err
+    assert "--op mean (or avg) needs a float --dtype" in capsys.readouterr().err
 
 
 def test_engine_mpi_outside_a_job_is_refused_not_a_one_rank_table(capsys, monkeypatch):

@@ -10,8 +10,10 @@ import re
 import pytest
 
 from dsml.cli import MEMORY_PARTS, main
-from dsml.memory import (GB, Layout, TransformerConfig, estimate_step, memory_per_rank,
-                         params_per_rank, preset, search_layouts, stage_memory)
+from dsml.model_config import TransformerConfig, preset
+from dsml.memory import GB, Layout, memory_per_rank, params_per_rank, stage_memory
+from dsml.step_model import estimate_step
+from dsml.layout_search import search_layouts
 
 SEARCH_COLUMNS = ["rank", "step (s)", "MFU", "GB/rank", "stage", "m", "layout"]
 

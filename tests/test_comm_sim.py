@@ -400,9 +400,9 @@ def test_recv_and_sendrecv_check_their_peers_too():
         comm.sendrecv(0, np.zeros(1), 1)
     with pytest.raises(ValueError, match=r"rank 1: tag must be an integer ≥ 0, got -1"):
         comm.recv(0, tag=-1)
-    with pytest.raises(ValueError, match=r"compute seconds must be finite and ≥ 0, got nan"):
+    with pytest.raises(ValueError, match=r"compute seconds must be a finite number ≥ 0, got nan"):
         comm.compute(float("nan"))
-    with pytest.raises(ValueError, match=r"compute seconds must be finite and ≥ 0, got -1"):
+    with pytest.raises(ValueError, match=r"compute seconds must be a finite number ≥ 0, got -1"):
         comm.compute(-1)
 
 

@@ -382,7 +382,7 @@ def timed_program(comm, wire_bytes, collective, compute_seconds):
     yield comm.compute(compute_seconds)
     for size in wire_bytes:
         if collective == "allreduce":
-            yield from allreduce(comm, SizeOnly(int(size)))
+            yield from allreduce(comm, SizeOnly(int(size)), algorithm="ring")   # the model's
         else:
             yield from allgather(comm, SizeOnly(int(size)))
 

@@ -405,8 +405,8 @@ def test_replay_is_the_serial_reference():
 
 # --- failure detectors that can be wrong ----------------------------------------------------------
 
-from dsml.elastic import (heartbeat_clock, heartbeat_monitor, heartbeat_worker,  # noqa: E402
-                          membership_store)
+from dsml.heartbeat import heartbeat_clock, heartbeat_monitor, heartbeat_worker  # noqa: E402
+from dsml.membership_store import membership_store  # noqa: E402
 
 
 def detector_program(comm, timeout, stalls, crashes, period, check_every, how="raise",

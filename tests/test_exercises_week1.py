@@ -389,10 +389,34 @@ def test_grade_is_a_small_dataclass():
     assert str(result) == result.line()
 
 
-@pytest.mark.parametrize("bad_id", ["9.9", "1.99", "1.10", "one", 1.1, "1"])
+@pytest.mark.parametrize("bad_id", ["9.9", "1.99", "1.10", "one", "1"])
 def test_unknown_id_lists_known_ids(bad_id):
     with pytest.raises(ValueError, match=r"unknown exercise id .*known ids: 1\.1, 1\.2"):
         grade(bad_id, solution.size_for_fraction)
+
+
+@pytest.mark.parametrize("bad_id, shown", [(1.1, "the float 1.1"), (3, "the int 3"),
+                                           (None, "the NoneType None")])
+def test_an_id_that_is_not_a_string_is_refused_as_such(bad_id, shown):
+    with pytest.raises(ValueError) as refused:
+        grade(bad_id, solution.size_for_fraction)
+    message = str(refused.value)
+    assert message.startswith("an exercise id is a string, such as '")
+    assert f"got {shown}" in message
+    assert "unknown exercise id" not in message      # 1.1 is not listed as if it were known
+    assert "The ids are '1.1', '1.2'" in message
+    if isinstance(bad_id, float):
+        assert "check('1.1', …)" in message
+
+
+@pytest.mark.parametrize("answer, shown", [(1e6, "the float 1000000.0"), (42, "the int 42"),
+                                           ("f", "the str 'f'")])
+def test_an_answer_that_is_not_a_function_is_named_as_such(answer, shown):
+    result = grade("1.1", answer)
+    assert result.status == FAILED
+    assert result.message == (f"check('1.1', …) expects a function (size_for_fraction, defined "
+                              f"with def in the exercise cell); got {shown}")
+    assert "raised" not in result.message
 
 
 def test_unknown_id_error_also_from_check():
@@ -409,3 +433,32 @@ def test_wrong_number_of_answers_is_failed():
 def test_known_ids_include_week1_in_order():
     ids = known_ids()
     assert ids[:9] == [f"1.{k}" for k in range(1, 10)]
+
+
+# --- answers copied from hints do not pass; the library's bisection is refused ----------------
+
+def test_a_table_of_answers_copied_from_hints_fails_1_2_and_1_9():
+    # On main, such a table passed 1.2 after 4 checks and 1.9 after 5.
+    learned = contract.copied_answers_never_pass(
+        "1.2", r"pipelining_break_even\(hops=(\S+), chunks=(\S+), alpha=(\S+), beta=(\S+)\)",
+        r"expected (\S+) B")
+    assert learned <= 3                                   # the fixed cases at most
+    learned = contract.copied_answers_never_pass(
+        "1.9", r"torus_bisection_links\(rows=(\S+), cols=(\S+)\)", r"expected (\d+)")
+    assert learned == 1                                   # only the first case shows its count
+
+
+def test_fresh_cases_1_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("1.2", solution.pipelining_break_even, WRONG, {})
+
+
+def torus_bisection_from_library(rows, cols):
+    from dsml.net import bisection_bandwidth, torus2d
+    return round(bisection_bandwidth(torus2d(rows, cols, bandwidth=1.0), max_hosts=32))
+
+
+def test_an_answer_that_calls_the_library_bisection_is_refused():
+    result = grade("1.9", torus_bisection_from_library)
+    assert result.status == FAILED
+    assert result.message.startswith("exercise 1.9 asks you to build this yourself: your code "
+                                     "called dsml.net.topology.bisection_bandwidth")

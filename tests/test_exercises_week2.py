@@ -5,14 +5,17 @@ contract every week keeps is in exercise_contract; this module adds week 2's mis
 right answers, hints and cases."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 
 import numpy as np
+import pytest
 
 import exercise_contract as contract
-from dsml.collectives import allgather, allreduce, best_algorithm, cost
-from dsml.exercises import grade
+from dsml.collectives import (allgather, allreduce, best_algorithm, broadcast, busbw_factor,
+                              cost, reduce)
+from dsml.exercises import FAILED, grade
 
 solution = contract.solution_module(2)
 NOTEBOOK = contract.ROOT / "notebooks" / "week2_collective_communication.ipynb"
@@ -194,12 +197,22 @@ def allreduce_forgets_unfold(comm, x):
 
 # 2.4: the library's ring all-reduce: right sums, but 2(p − 1) rounds.
 def allreduce_by_ring(comm, x):
-    return (yield from allreduce(comm, x, algorithm="ring"))
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    blocks = [b.copy() for b in np.array_split(x, p)]
+    for step in range(p - 1):                      # reduce-scatter: rank r completes block r
+        got = yield comm.sendrecv(right, blocks[(r - step - 1) % p], left)
+        blocks[(r - step - 2) % p] = blocks[(r - step - 2) % p] + got
+    for step in range(p - 1):                      # all-gather
+        blocks[(r - step - 1) % p] = yield comm.sendrecv(right, blocks[(r - step) % p], left)
+    return np.concatenate(blocks)
 
 
 # 2.4: a binomial-tree reduce to rank 0, then a binomial broadcast: 2⌈lg p⌉ rounds.
 def allreduce_reduce_then_broadcast(comm, x):
-    return (yield from allreduce(comm, x, algorithm="tree"))
+    total = yield from reduce(comm, x, root=0, algorithm="binomial")
+    return (yield from broadcast(comm, x if total is None else total, root=0,
+                                 algorithm="binomial"))
 
 
 # 2.5: the closed form ⌈lg p⌉(α + nβ + nγ), which leaves out folding.
@@ -351,9 +364,14 @@ def allgather_send_then_receive(comm, x):
     return np.concatenate(blocks)
 
 
-# 2.1: Bruck's ⌈lg p⌉-round all-gather: faster than the ring on short blocks.
+# 2.1, refused: the library's own all-gather (Bruck's ⌈lg p⌉ rounds, faster than the ring on
+# short blocks), and its ring.
 def allgather_bruck(comm, x):
     return (yield from allgather(comm, x, algorithm="recursive_doubling"))
+
+
+def allgather_library_ring(comm, x):
+    return (yield from allgather(comm, x, algorithm="ring"))
 
 
 # 2.3: the ring charging γ through comm.combine, as the library does.
@@ -393,7 +411,7 @@ def allreduce_gather_then_add(comm, x):
     return gathered.sum(axis=0)
 
 
-# 2.4: the library's own recursive doubling.
+# 2.4, refused: the library's own recursive doubling.
 def allreduce_library_doubling(comm, x):
     return (yield from allreduce(comm, x, algorithm="recursive_doubling"))
 
@@ -406,9 +424,9 @@ def busbw_from_table(collective, p, nbytes, seconds):
 
 
 RIGHT = {
-    "2.1": [allgather_shifted_exchange, allgather_send_then_receive, allgather_bruck],
+    "2.1": [allgather_shifted_exchange, allgather_send_then_receive],
     "2.3": [reduce_scatter_with_combine],
-    "2.4": [allreduce_fold_top_ranks, allreduce_gather_then_add, allreduce_library_doubling],
+    "2.4": [allreduce_fold_top_ranks, allreduce_gather_then_add],
     "2.7": [busbw_from_table],
 }
 
@@ -591,3 +609,82 @@ def test_examples_in_the_statements_hold():
     assert [v.tolist() for v in got] == [[0, 6], [12, 18], [24]]
     assert all(v.tolist() == [55, 55]
                for v in values(solution.allreduce_any_p, 10, lambda r: np.full(2, r + 1)))
+
+
+# --- exercises that must be built: the library's own answer is refused ----------------------
+
+# 2.7: the library's factor, as `dsml bench` uses it.
+def busbw_from_library(collective, p, nbytes, seconds):
+    return nbytes / seconds * busbw_factor(collective, p)
+
+
+def allreduce_library_folding(comm, x):
+    return (yield from allreduce(comm, x))          # whatever the default algorithm is
+
+
+def ring_bandwidth_from_cost(p, nbytes, beta):
+    return cost("allreduce", "ring", p, nbytes, 0.0, beta)
+
+
+def reduce_scatter_from_library(comm, x):
+    from dsml.collectives import reduce_scatter
+    return (yield from reduce_scatter(comm, x, algorithm="ring"))
+
+
+def folded_time_by_simulating(p, nbytes, alpha, beta, gamma):
+    import dsml
+    from dsml.net import AlphaBeta
+
+    def program(comm):
+        return (yield from allreduce(comm, dsml.SizeOnly(nbytes), algorithm="recursive_doubling"))
+    return dsml.run(program, p, network=AlphaBeta(alpha, beta, gamma), trace=False).time
+
+
+LIBRARY_ANSWERS = [("2.2", ring_bandwidth_from_cost), ("2.3", reduce_scatter_from_library),
+                   ("2.5", folded_time_by_simulating),
+                   ("2.1", allgather_bruck), ("2.1", allgather_library_ring),
+                   ("2.1", functools.partial(allgather, algorithm="ring")),
+                   ("2.4", allreduce_library_doubling), ("2.4", allreduce_library_folding),
+                   ("2.7", busbw_from_library)]
+
+
+@pytest.mark.parametrize("exercise_id, answer", LIBRARY_ANSWERS,
+                         ids=[f"{i}-{contract.case_name(getattr(a, 'func', a))}"
+                              for i, a in LIBRARY_ANSWERS])
+def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer):
+    result = grade(exercise_id, answer)
+    assert result.status == FAILED
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself")
+    assert "dsml.collectives." in result.message         # names what was called
+    # and everything is back in place: the library and this module see the real functions.
+    assert allgather.__name__ == "allgather" and "stand_in" not in repr(allgather)
+    import dsml.collectives
+    assert dsml.collectives.allgather is allgather and dsml.collectives.allreduce is allreduce
+
+
+def test_fresh_cases_2_7_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("2.7", solution.bus_bandwidth, WRONG, RIGHT)
+
+
+def test_a_fresh_case_of_2_7_says_its_inputs_not_the_factor():
+    def right_on_the_fixed_cases_only(collective, p, nbytes, seconds):
+        from dsml.exercises.week2 import BUSBW_CASES
+        exact = solution.bus_bandwidth(collective, p, nbytes, seconds)
+        return exact if (collective, p, nbytes) in BUSBW_CASES else 1.01 * exact
+
+    message = grade("2.7", right_on_the_fixed_cases_only).message
+    assert message.startswith("bus_bandwidth(") and "drawn afresh" in message
+    assert "nccl-tests uses" not in message
+
+
+def test_a_table_of_answers_copied_from_hints_fails_2_5():
+    # On main, such a table passed after 6 checks.
+    learned = contract.copied_answers_never_pass(
+        "2.5", r"folded_allreduce_time\(p=(\S+), nbytes=(\S+), alpha=(\S+), beta=(\S+), "
+               r"gamma=(\S+)\)", r"expected (\S+) s")
+    from dsml.exercises.week2 import FOLDED_CASES
+    assert learned <= len(FOLDED_CASES)
+
+
+def test_fresh_cases_2_5_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("2.5", solution.folded_allreduce_time, WRONG, RIGHT)

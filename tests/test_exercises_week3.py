@@ -9,6 +9,7 @@ import math
 import warnings
 
 import numpy as np
+import pytest
 
 import exercise_contract as contract
 from dsml.collectives import allreduce
@@ -839,3 +840,94 @@ def test_examples_in_the_statements_hold():
     assert all(math.isclose(loss, single_loss, rel_tol=1e-12) for loss, _ in values)
     assert all(np.allclose(w, single.params["layer0.weight"], rtol=1e-12, atol=1e-15)
                for _, w in values)
+
+
+# --- exercise 3.2 must be built: the library's own loss is refused ---------------------------
+
+def softmax_grad_from_library(logits, y):
+    from dsml.train import softmax_cross_entropy
+    return softmax_cross_entropy(logits, y)[1]
+
+
+def softmax_grad_from_models(logits, y):
+    import dsml.train.models
+    return dsml.train.models.softmax_cross_entropy(logits, y)[1]
+
+
+@pytest.mark.parametrize("answer", [softmax_grad_from_library, softmax_grad_from_models])
+def test_an_answer_that_calls_the_library_loss_is_refused(answer):
+    import dsml.train
+    import dsml.train.models
+    real = dsml.train.models.softmax_cross_entropy
+    result = grade("3.2", answer)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 3.2 asks you to build this yourself: your code "
+                                     "called dsml.train.models.softmax_cross_entropy")
+    assert dsml.train.softmax_cross_entropy is real is dsml.train.models.softmax_cross_entropy
+    assert grade("3.2", solution.softmax_cross_entropy_grad).passed   # the checker's own use
+
+
+def sampler_from_library(n, world_size, rank, epoch, seed):
+    from dsml.data_parallel import distributed_indices
+    return distributed_indices(n, world_size, rank, epoch, seed)
+
+
+def test_an_answer_that_calls_the_library_sampler_is_refused():
+    result = grade("3.11", sampler_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 3.11 asks you to build this yourself: your code "
+                                     "called dsml.data_parallel.distributed_indices")
+
+
+def test_fresh_cases_3_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("3.2", solution.softmax_cross_entropy_grad, WRONG,
+                                           RIGHT)
+
+
+def test_a_fresh_case_of_3_2_says_how_to_make_its_inputs():
+    import re
+
+    def right_on_the_fixed_shapes_only(logits, y):
+        got = solution.softmax_cross_entropy_grad(logits, y)
+        return got if logits.shape in [(4, 3), (1, 5), (6, 4), (3, 4)] else 2 * got
+
+    message = grade("3.2", right_on_the_fixed_shapes_only).message
+    found = re.search(r"default_rng\((\d+)\); logits = (\S+) \* rng.standard_normal\(\((\d+), "
+                      r"(\d+)\)\)", message)
+    assert found, message
+    seed, scale, batch, classes = found.groups()
+    rng = np.random.default_rng(int(seed))
+    logits = float(scale) * rng.standard_normal((int(batch), int(classes)))
+    y = rng.integers(0, int(classes), size=int(batch))
+    assert f"y={y.tolist()}" in message                  # the same inputs, made again
+    assert f"{np.max(np.abs(logits)):.3g}" in message
+
+
+def adam_step_from_library(w, g, m, v, t, lr, beta1, beta2, eps):
+    from dsml.train.optim import Adam
+    optimizer = Adam(lr, betas=(beta1, beta2), eps=eps)
+    optimizer.state["w"] = (m.copy(), v.copy(), t - 1)
+    params = {"w": w.copy()}
+    optimizer.step(params, {"w": g.copy()})
+    new_m, new_v, _ = optimizer.state["w"]
+    return params["w"], new_m, new_v
+
+
+def lars_from_library(w, g, trust_coefficient, weight_decay):
+    from dsml.train.optim import LARS
+    optimizer = LARS(1.0, weight_decay=weight_decay, trust_coefficient=trust_coefficient)
+    optimizer.update("w", w.copy(), g.copy())
+    return optimizer.trust["w"]
+
+
+@pytest.mark.parametrize("exercise_id, answer, method", [
+    ("3.3", adam_step_from_library, "Adam.update"), ("3.4", lars_from_library, "LARS.update")])
+def test_an_answer_that_runs_the_library_optimizer_is_refused(exercise_id, answer, method):
+    from dsml.train import optim
+    before = (optim.Adam.update, optim.LARS.update, optim.LAMB.update)
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called dsml.train.optim.{method}")
+    assert (optim.Adam.update, optim.LARS.update, optim.LAMB.update) == before
+    assert "update" not in vars(optim.LAMB) or optim.LAMB.update is before[2]

@@ -10,7 +10,8 @@ import math
 import pytest
 
 import exercise_contract as contract
-from dsml.exercises.week5 import (bubble_cases, bubble_reference, gpt_shapes,
+from dsml.exercises import grade
+from dsml.exercises.week5 import (TP_CASES, bubble_cases, bubble_reference, gpt_shapes,
                                   measured_tp_bytes, one_f_one_b_reference, peak_reference,
                                   zero_reference)
 
@@ -145,7 +146,7 @@ def activations_ignore_sequence_parallel(seq, batch, hidden, heads, tp, sequence
 # --- 5.8: the layout that fits -------------------------------------------------------------------
 
 def _tp_loop(model, dp, pp, zero, micro_batch, microbatches, device_gb, sizes, fits):
-    from dsml.memory import preset
+    from dsml.model_config import preset
     config = preset(model)
     for tp in sizes:
         if config.heads % tp or config.kv_heads % tp or config.ffn_hidden % tp:
@@ -382,7 +383,8 @@ def test_the_zb_h1_reference_is_the_library_schedule_and_holds_no_more_than_1f1b
 
 def test_the_step_model_bytes_are_the_collectives_of_the_statement():
     from dsml.exercises.week5 import step_model_data_bytes
-    from dsml.memory import params_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import params_per_rank
     psi = params_per_rank(preset("gpt2"))
     one = 2 * psi * 3 / 4
     assert step_model_data_bytes("gpt2", 4, 2, 4) == pytest.approx(5 * one, rel=1e-9)
@@ -404,7 +406,8 @@ def test_exercise_cells_match_the_checkers():
 
 def notebook_namespace() -> dict:
     """The names the exercise cells use from the notebook above them (section 4's accountant)."""
-    from dsml.memory import GB, Layout, memory_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import GB, Layout, memory_per_rank
     return {"math": math, "GB": GB, "Layout": Layout, "memory_per_rank": memory_per_rank,
             "preset": preset}
 
@@ -431,7 +434,8 @@ def test_examples_in_the_statements_hold():
     assert solution.gpt_num_params(1, 4, 10, 3) == 304
     assert solution.activation_bytes(8, 1, 16, 2, 1, False, False) == 4992
     assert solution.smallest_fitting_tp("llama2-13b", 4, 1, 1, 1, 8, 80) == 2
-    from dsml.memory import GB, Layout, memory_per_rank, preset
+    from dsml.model_config import preset
+    from dsml.memory import GB, Layout, memory_per_rank
     held = [memory_per_rank(preset("llama2-13b"), Layout(
         dp=4, tp=tp, zero=1, microbatches=8, recompute="selective", sequence_parallel=True)).total
         for tp in (1, 2)]
@@ -442,3 +446,123 @@ def test_examples_in_the_statements_hold():
     assert solution.fsdp_step_time(*two_layers, False) == 17
     assert solution.fsdp_step_time(*two_layers, True) == 15
     assert solution.zero_step_bytes(1e9, 4, 0, 8) == 3e9
+
+
+# --- 5.1 draws fresh cases: a table of remembered answers does not pass ------------------------
+
+def test_a_table_of_answers_remembered_from_hints_fails_5_1():
+    # Before fresh cases, four tries filled such a table and the fifth passed.
+    from dsml.exercises import fresh_seed
+    for base in contract.FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = contract.learn_from_hints(
+                "5.1", r"tp_mlp_bytes\(batch=(\S+), seq=(\S+), hidden=(\S+), tp=(\S+), "
+                       r"itemsize=(\S+)\)", r"measured (\S+) B")
+        assert not passed
+        # It learned the fixed cases (but t = 1's 0 B, which its default already gives), no more.
+        assert len(table) == sum(tp > 1 for _, _, _, tp, _ in TP_CASES)
+        assert "drawn afresh for this check" in message and " B sent by" not in message
+
+
+def test_fresh_cases_5_1_hold_the_reference_and_refuse_the_named_mistakes():
+    assert contract.passes_for_every_base("5.1", solution.tp_mlp_bytes) == []
+    for right in RIGHT["5.1"]:
+        assert contract.passes_for_every_base("5.1", right) == []
+    for wrong in WRONG["5.1"]:
+        assert contract.fails_for_every_base("5.1", wrong) == [], wrong.__name__
+
+
+def test_fresh_cases_5_1_differ_from_check_to_check_and_repeat_under_a_base():
+    from dsml.exercises import fresh_rng, fresh_seed
+    from dsml.exercises.week5 import fresh_tp_cases
+    seen = []
+    with fresh_seed(7):
+        for _ in range(3):
+            grade("5.1", solution.tp_mlp_bytes)
+            seen.append(fresh_tp_cases(fresh_rng()))
+    assert seen[0] != seen[1] != seen[2]
+    with fresh_seed(7):
+        grade("5.1", solution.tp_mlp_bytes)
+        assert fresh_tp_cases(fresh_rng()) == seen[0]
+    for batch, seq, hidden, tp, itemsize in seen[0]:
+        assert hidden % tp == 0 and 2 <= tp <= 8
+
+
+# --- exercises that must be built: the library's own answer is refused ----------------------
+
+def tp_bytes_from_the_block(batch, seq, hidden, tp, itemsize):
+    from dsml.tensor_parallel import tp_block_bytes_per_rank
+    return tp_block_bytes_per_rank(batch, seq, hidden, tp, itemsize) / 2   # the MLP's half
+
+
+def _as_pairs(ops):
+    return [(op.kind, op.microbatch) for op in ops]
+
+
+def one_f_one_b_from_schedule(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("1f1b", stages, microbatches)[stage])
+
+
+def one_f_one_b_from_interleaved(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("interleaved", stages, microbatches, chunks=1)[stage])
+
+
+def zb_h1_from_schedule(stage, stages, microbatches):
+    from dsml.pipeline import schedule
+    return _as_pairs(schedule("zb-h1", stages, microbatches)[stage])
+
+
+def zero_bytes_from_library(psi, nd, stage, k):
+    from dsml.memory import zero_model_state_bytes
+    return zero_model_state_bytes(psi, nd, stage).total
+
+
+def fsdp_time_from_library(gather, scatter, forward, backward, prefetch):
+    from dsml.zero import fsdp_step_prediction
+    return fsdp_step_prediction({"gather": gather, "scatter": scatter, "forward": forward,
+                                 "backward": backward}, prefetch)
+
+
+LIBRARY_ANSWERS = [("5.1", tp_bytes_from_the_block), ("5.3", one_f_one_b_from_schedule),
+                   ("5.3", one_f_one_b_from_interleaved), ("5.5", zero_bytes_from_library),
+                   ("5.9", zb_h1_from_schedule), ("5.10", fsdp_time_from_library)]
+
+
+@pytest.mark.parametrize("exercise_id, answer", LIBRARY_ANSWERS,
+                         ids=[f"{i}-{a.__name__}" for i, a in LIBRARY_ANSWERS])
+def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer):
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called dsml.")
+
+
+def test_a_table_of_answers_copied_from_hints_fails_5_5_and_5_6():
+    # On main, such a table passed 5.5 after 10 checks and 5.6 after 6.
+    contract.copied_answers_never_pass(
+        "5.5", r"zero_bytes\(psi=(\S+), nd=(\S+), stage=(\S+), k=(\S+)\)", r"expected (\S+) B")
+    contract.copied_answers_never_pass(
+        "5.6", r"gpt_num_params\(layers=(\S+), hidden=(\S+), vocab=(\S+), positions=(\S+)\)",
+        r"expected (\d+)")
+
+
+@pytest.mark.parametrize("exercise_id, reference", [("5.5", solution.zero_bytes),
+                                                    ("5.6", solution.gpt_num_params)])
+def test_fresh_cases_5_5_and_5_6_keep_the_contract_for_every_base(exercise_id, reference):
+    contract.fresh_cases_keep_the_contract(exercise_id, reference, WRONG, RIGHT)
+
+
+def activation_bytes_from_library(seq, batch, hidden, heads, tp, sequence_parallel, selective):
+    from dsml.memory import TransformerConfig, activation_bytes_per_layer
+    config = TransformerConfig(1, hidden, heads, 100, seq)
+    return activation_bytes_per_layer(config, batch, tp, sequence_parallel,
+                                      "selective" if selective else "none")
+
+
+def test_an_answer_that_calls_the_library_accountant_is_refused():
+    result = grade("5.7", activation_bytes_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5.7 asks you to build this yourself: your code "
+                                     "called dsml.memory.activation_bytes_per_layer")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 import exercise_contract as contract
+from dsml.exercises import grade
 from dsml.exercises.week5b import measured_ring_bytes
 
 solution = contract.solution_module("5b")
@@ -134,3 +135,37 @@ def test_examples_in_the_statements_hold():
     assert sorted(solution.zigzag_positions(8, 2, 1)) == [2, 3, 4, 5]
     assert solution.ring_attention_bytes(1, 8, 2, 2, 8) - 2 * 4 * 2 * 8 > 0   # forward 128 B
     assert 2 * (2 - 1) * (8 // 2) * 2 * 8 == 128
+
+
+# --- exercise 5b.2 must be built: the library's own layout is refused -------------------------
+
+def zigzag_from_library(seq, cp, rank):
+    from dsml.context_parallel import zigzag_layout
+    return zigzag_layout(seq, cp)[rank]
+
+
+def test_an_answer_that_calls_the_library_layout_is_refused():
+    import dsml.context_parallel
+    real = dsml.context_parallel.zigzag_layout
+    result = grade("5b.2", zigzag_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5b.2 asks you to build this yourself: your code "
+                                     "called dsml.context_parallel.zigzag_layout")
+    assert dsml.context_parallel.zigzag_layout is real
+
+
+def test_fresh_cases_5b_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("5b.2", solution.zigzag_positions, WRONG, RIGHT)
+
+
+def ring_bytes_from_library(batch, seq, hidden, cp, itemsize):
+    from dsml.context_parallel import ring_attention_kv_bytes
+    forward = ring_attention_kv_bytes(seq, hidden, cp, batch, itemsize)
+    return 2 * forward + (2 * seq * hidden * itemsize * batch if cp > 1 else 0)
+
+
+def test_an_answer_that_calls_the_library_formula_is_refused():
+    result = grade("5b.3", ring_bytes_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5b.3 asks you to build this yourself: your code "
+                                     "called dsml.context_parallel.ring_attention_kv_bytes")

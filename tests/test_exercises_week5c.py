@@ -114,3 +114,31 @@ def test_first_cases_separate_the_mistakes():
     drop = [f(*DROP_CASES[0]) for f in [solution.dropped_tokens] + WRONG["5c.1"]]
     dispatch = [f(*DISPATCH_CASES[0]) for f in [solution.dispatch_bytes] + WRONG["5c.2"]]
     assert len(set(drop)) == len(drop) and len(set(dispatch)) == len(dispatch)
+
+
+def test_a_table_of_answers_copied_from_hints_fails_5c_2():
+    # On main, such a table passed after 5 checks.
+    contract.copied_answers_never_pass(
+        "5c.2", r"dispatch_bytes\(tokens=(\S+), hidden=(\S+), experts=(\S+), k=(\S+), "
+                r"capacity_factor=(\S+), ep=(\S+), itemsize=(\S+)\)", r"measured (\S+) B")
+
+
+def test_fresh_cases_5c_2_keep_the_contract_for_every_base():
+    contract.fresh_cases_keep_the_contract("5c.2", solution.dispatch_bytes, WRONG, RIGHT)
+
+
+def dropped_from_the_library_router(choices, experts, capacity_factor):
+    import numpy as np
+    from dsml.expert_parallel import route
+    probs = np.zeros((len(choices), experts))
+    probs[np.arange(len(choices)), choices] = 1.0
+    _, slot, _ = route(probs, 1, math.ceil(capacity_factor * len(choices) / experts))
+    return int(np.sum(slot < 0))
+
+
+def test_an_answer_that_runs_the_library_router_is_refused():
+    from dsml.exercises import grade
+    result = grade("5c.1", dropped_from_the_library_router)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 5c.1 asks you to build this yourself: your code "
+                                     "called dsml.expert_parallel.route")

@@ -13,6 +13,7 @@ import pytest
 
 import exercise_contract as contract
 from dsml.collectives.cost import cost
+from dsml.exercises import grade
 from dsml.exercises.week6 import job_cases, job_wall_time_reference
 
 solution = contract.solution_module(6)
@@ -474,3 +475,105 @@ def test_examples_in_the_statements_hold():
     assert round(plain * 1e3) == 140 and solution.compression_pays(100e6, 8, 5e-6, 0.8e-9, 32, 2e9)
     assert solution.reshard_plan(10, 4, 3, 1) == [(1, 1, 3), (2, 0, 1)]
     assert math.isclose(solution.choose_timeout(0.01, 1.0, 0.02, 1, math.exp(-2)), 0.05)
+
+
+# --- exercise 6.7 must be built: the library's own quantizer is refused -----------------------
+
+def qsgd_from_library(x, levels, rng):
+    from dsml.compression import qsgd
+    return qsgd(x, levels, rng)
+
+
+def qsgd_from_the_compressor(x, levels, rng):
+    from dsml.compression import QSGD
+    quantizer = QSGD(levels)
+    return quantizer.decompress(quantizer.compress(x, rng))
+
+
+@pytest.mark.parametrize("answer", [qsgd_from_library, qsgd_from_the_compressor])
+def test_an_answer_that_calls_the_library_quantizer_is_refused(answer):
+    result = grade("6.7", answer)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 6.7 asks you to build this yourself: your code "
+                                     "called dsml.compression.")
+
+
+# --- 6.2 draws fresh cases: a table of remembered answers does not pass ------------------------
+
+def test_a_table_of_answers_remembered_from_hints_fails_6_2():
+    # Before fresh cases, ten tries filled such a table and the next passed.
+    from dsml.exercises import fresh_seed
+    from dsml.exercises.week6 import YOUNG_CASES
+    for base in contract.FRESH_BASES:
+        with fresh_seed(base):
+            passed, table, message = contract.learn_from_hints(
+                "6.2", r"young_checkpoint_interval\(checkpoint_cost=(\S+), mtbf=(\S+)\)",
+                r"expected (\S+) s")
+        assert not passed
+        assert len(table) == len(YOUNG_CASES)         # it learned the fixed cases, no more
+        assert "drawn afresh for this check" in message and "expected" not in message
+
+
+def test_fresh_cases_6_2_hold_the_reference_and_refuse_the_named_mistakes():
+    assert contract.passes_for_every_base("6.2", solution.young_checkpoint_interval) == []
+    for right in RIGHT["6.2"]:
+        assert contract.passes_for_every_base("6.2", right) == []
+    for wrong in WRONG["6.2"]:
+        assert contract.fails_for_every_base("6.2", wrong) == [], wrong.__name__
+
+
+def test_a_wrong_answer_on_a_fresh_case_is_told_the_inputs_not_the_answer():
+    from dsml.exercises import fresh_rng, fresh_seed
+    from dsml.exercises.week6 import YOUNG_CASES, fresh_young_cases
+
+    def right_only_on_the_fixed_cases(delta, mtbf):
+        exact = math.sqrt(2 * delta * mtbf)
+        return exact if (delta, mtbf) in YOUNG_CASES else 2 * exact
+
+    with fresh_seed(3):
+        result = grade("6.2", right_only_on_the_fixed_cases)
+        delta, mtbf = fresh_young_cases(fresh_rng())[0]
+    assert result.status == "failed"
+    assert result.message.startswith(
+        f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g}) returned ")
+    assert f"{math.sqrt(2 * delta * mtbf):.4g}"[:4] not in result.message.split("returned")[1] \
+        .split(" s,")[1]
+
+
+def young_from_library(checkpoint_cost, mtbf):
+    from dsml.fault import young_interval
+    return young_interval(checkpoint_cost, mtbf)
+
+
+def test_an_answer_that_calls_the_library_interval_is_refused():
+    result = grade("6.2", young_from_library)
+    assert result.status == "failed"
+    assert result.message.startswith("exercise 6.2 asks you to build this yourself: your code "
+                                     "called dsml.fault.young_interval")
+
+
+def mtbf_from_library(interruptions, days, gpus):
+    from dsml.fault import interruption_statistics
+    return interruption_statistics(interruptions, days, gpus)["mtbf_gpu"] / 3600
+
+
+def atomic_write_from_library(path, chunks):
+    from dsml.checkpoint import write_atomically
+    write_atomically(path, b"".join(chunks))
+
+
+def top_k_from_library(x, k):
+    from dsml.compression import TopK
+    indices = TopK(k=k).compress(x).arrays["indices"].astype(int)
+    return indices, x[indices]
+
+
+@pytest.mark.parametrize("exercise_id, answer, called", [
+    ("6.1", mtbf_from_library, "dsml.fault.interruption_statistics"),
+    ("6.5", top_k_from_library, "dsml.compression.TopK.compress"),
+    ("6.4", atomic_write_from_library, "dsml.checkpoint.write_atomically")])
+def test_an_answer_that_calls_the_library_is_refused(exercise_id, answer, called):
+    result = grade(exercise_id, answer)
+    assert result.status == "failed"
+    assert result.message.startswith(f"exercise {exercise_id} asks you to build this yourself: "
+                                     f"your code called {called}")

@@ -17,7 +17,9 @@ from dsml.expert_parallel import (MoE, ParallelLayout, alltoall_bytes_per_rank,
                                   moe_forward, moe_params, owned_experts, parallel_memory,
                                   ring_attention_kv_bytes, route, search_parallel_layouts,
                                   simulated_alltoall, softmax)
-from dsml.memory import Layout, TransformerConfig, estimate_step, memory_per_rank, preset
+from dsml.model_config import TransformerConfig, preset
+from dsml.memory import Layout, memory_per_rank
+from dsml.step_model import estimate_step
 from dsml.net import AlphaBeta
 from dsml.net.presets import LINKS
 from dsml.net.topology import fat_tree

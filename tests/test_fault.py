@@ -412,3 +412,15 @@ def test_llama3_and_opt_data_and_statistics():
 def test_interruption_statistics_refuses_bad_input(args, name):
     with pytest.raises(ValueError, match=name):
         interruption_statistics(*args)
+
+
+def test_the_batch_speed_path_does_not_import_dsml_fault_back():
+    # dsml.fault (week 6) imports dsml.fault_batch; an import back would make a circle.
+    import ast
+    from pathlib import Path
+    import dsml.fault_batch
+    tree = ast.parse(Path(dsml.fault_batch.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+    assert "dsml.fault" not in imported and "dsml" not in imported, imported

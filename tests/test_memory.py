@@ -27,14 +27,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsml.memory import (GB, GEMM_EFFICIENCY, KERNEL_SECONDS, PRESETS, Layout,
-                         TransformerConfig, achieved_fraction, activation_bytes_per_layer,
-                         matmul_seconds, megatron_table1,
-                         build_numpy_model, estimate_step, forward_flops_per_sequence,
-                         inflight_microbatches, measured_bytes, memory_per_rank,
-                         narayanan_params, numpy_forward, params_per_rank, pareto_frontier,
-                         preset, search_layouts, shard_numpy_model, stage_memory,
-                         training_flops, zero_model_state_bytes)
+from dsml.model_config import PRESETS, TransformerConfig, narayanan_params, preset
+from dsml.memory import (GB, Layout, activation_bytes_per_layer, build_numpy_model,
+                         inflight_microbatches, measured_bytes, memory_per_rank, numpy_forward,
+                         params_per_rank, shard_numpy_model, stage_memory, zero_model_state_bytes)
+from dsml.step_model import (GEMM_EFFICIENCY, KERNEL_SECONDS, achieved_fraction, matmul_seconds,
+                             megatron_table1, estimate_step, forward_flops_per_sequence,
+                             training_flops)
+from dsml.layout_search import pareto_frontier, search_layouts
 
 PUBLISHED = {
     "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
@@ -681,7 +681,7 @@ def test_bf16_holds_the_bytes_of_fp16_mixed_precision():
 def test_zero_1_pays_the_weights_all_gather_and_zero_3_none_after_the_step():
     """ZeRO-1 and 2 all-gather the updated 16-bit weights after the optimizer step, where no
     backward hides it; ZeRO-1 is not plain DDP. ZeRO-3 gathers in the next forward instead."""
-    from dsml.memory import ring_seconds
+    from dsml.step_model import ring_seconds
     from dsml.net.presets import LINKS
     c = preset("llama2-7b")
     weights = 2 * params_per_rank(c)

@@ -40,7 +40,8 @@ from hypothesis import strategies as st
 import dsml
 from dsml import RankError
 from dsml.collectives import cost
-from dsml.memory import TransformerConfig, activation_bytes_per_layer
+from dsml.model_config import TransformerConfig
+from dsml.memory import activation_bytes_per_layer
 from dsml.net import AlphaBeta
 from dsml.sim import Trace
 from dsml.tensor_parallel import (ALLREDUCES_PER_BLOCK, BLOCK_PARTITION, ColumnParallelLinear,

@@ -10,6 +10,10 @@ For each ``notebooks/week*.ipynb``: run it top to bottom in a fresh ``python3`` 
     build/mathjax/       MathJax 2.7, copied from the jupyter-server-mathjax package: the pages
                          render their formulas with no network (see `ship_mathjax`)
 
+A page loads no script from any other site: the page template (`PAGE_TEMPLATE`) drops
+nbconvert's require.js and mermaid tags (the course uses neither: figures are inline PNGs)
+and configures MathJax for the only web font that package ships, STIX-Web.
+
 and print a table: seconds against a per-notebook budget, figures, asserts, graded exercises.
 Exits non-zero if any notebook fails, showing the failing cell's error.
 """
@@ -28,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import jinja2
 import nbformat
 from nbclient import NotebookClient
 from traitlets.config import Config
@@ -40,7 +45,41 @@ TOTAL_BUDGET_S = 360.0
 CELL_TIMEOUT_S = 600
 MATHJAX_PACKAGE = "jupyter_server_mathjax"   # MathJax 2.7's files, on PyPI (the course extra)
 MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"   # a configuration that package ships
+MATHJAX_FONT = "STIX-Web"   # the only HTML-CSS web font the package ships (no TeX fonts)
 CDN_MATHJAX = HTMLExporter.mathjax_url.default_value
+# nbconvert's "lab" page without its CDN scripts (require.js, mermaid), and with a MathJax
+# configuration that uses the shipped font: MathJax 2.7's HTML-CSS output defaults to the TeX
+# web font, which the package does not ship, so without this the formulas would render only
+# where STIX or TeX fonts happen to be installed. Local fonts are not used either
+# (availableFonts: []), so every machine renders alike; the renderer and font menus are off
+# because the other renderers are not shipped. The hidden MathML copy that MathJax keeps for
+# screen readers gets a plain font: its style sheet names the TeX web fonts.
+PAGE_TEMPLATE = "dsml_page.html.j2"
+PAGE_TEMPLATE_SOURCE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_js_mathjax -%}
+<script type="text/x-mathjax-config">
+MathJax.Hub.Config({
+    TeX: {equationNumbers: {autoNumber: "AMS", useLabelIds: true}},
+    tex2jax: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]],
+              displayMath: [["$$", "$$"], ["\\\\[", "\\\\]"]],
+              processEscapes: true, processEnvironments: true},
+    displayAlign: "center",
+    messageStyle: "none",
+    "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "FONT",
+                 imageFont: null, linebreaks: {automatic: true}},
+    MathMenu: {showRenderer: false, showFontMenu: false}
+});
+</script>
+<script src="{{ resources.mathjax_url }}"></script>
+<style type="text/css">
+/* The hidden MathML copy kept for screen readers would otherwise ask for MathJax's TeX web
+   fonts (not shipped) wherever a formula has a math variant such as \\mathbb. */
+.MJX_Assistive_MathML * { font-family: serif !important; }
+</style>
+{%- endblock html_head_js_mathjax -%}
+""".replace("FONT", MATHJAX_FONT)
 _kernels = itertools.count()
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 HEADING_RE = re.compile(r"^#+\s+(.+?)\s*#*\s*$")
@@ -140,7 +179,9 @@ def kernel_config() -> Config:
 def render_html(nb: nbformat.NotebookNode, outdir: Path) -> str:
     """The notebook as an HTML page whose figures are embedded and whose formulas MathJax
     renders from ``outdir/mathjax`` (`ship_mathjax`)."""
-    exporter = HTMLExporter()
+    exporter = HTMLExporter(
+        extra_loaders=[jinja2.DictLoader({PAGE_TEMPLATE: PAGE_TEMPLATE_SOURCE})],
+        template_file=PAGE_TEMPLATE)
     exporter.embed_images = True
     exporter.mathjax_url = ship_mathjax(outdir)
     body, _ = exporter.from_notebook_node(nb)

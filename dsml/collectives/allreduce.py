@@ -14,18 +14,22 @@ from dsml.collectives.reduce_scatter import fold_in, fold_out, halving_masks, jo
 # -- cell 32
 import numpy as np
 
-from dsml.collectives.checks import reducing
+from dsml.collectives.auto import auto_algorithm
+from dsml.collectives.checks import op_name, reducing
 
 ALLREDUCE_ALGORITHMS = ("naive", "ring", "recursive_doubling", "halving_doubling", "tree")
 ALLREDUCE_OPS = tuple(OPS) + ("mean",)
 
 
-def allreduce(comm, x, op: str = "sum", algorithm: str = "ring"):
+def allreduce(comm, x, op: str = "sum", algorithm: str = "auto"):
     """Every rank returns the elementwise reduction of all ranks' `x` (same shape and dtype
-    on every rank); op "mean" divides the sum by p. Every rank gets bit-identical results."""
+    on every rank); op "mean" divides the sum by p. Every rank gets bit-identical results.
+    "auto": the algorithm section 12's cost model finds cheapest with this engine's α, β, γ."""
+    if algorithm == "auto":
+        algorithm = auto_algorithm(comm, "allreduce", x)
     check_algorithm("allreduce", algorithm, ALLREDUCE_ALGORITHMS)
-    check_op(op, ALLREDUCE_OPS)
-    comm = reducing(comm, x, op, "allreduce")   # bool sums refused; one tag per op
+    op = check_op(op_name(op), ALLREDUCE_OPS)   # "avg" is another name for "mean"
+    comm = reducing(comm, x, op, "allreduce")   # bool sums, int means refused; a tag per op
     ufunc = OPS["sum" if op == "mean" else op]
     data = flat(x)                       # only read: every algorithm writes its own buffers
     try:

@@ -14,7 +14,8 @@ BROADCAST_ALGORITHMS = ("naive", "binomial", "scatter_allgather", "chain")
 def broadcast(comm, x, root: int = 0, algorithm: str = "binomial", chunks: int = 4):
     """Every rank returns the root's `x`. As with MPI_Bcast, every rank passes an array of
     the same shape and dtype (only the root's contents matter). `chunks`: pieces of the
-    pipelined "chain". Costs: see `cost("broadcast", algorithm, ...)`."""
+    pipelined "chain", at most x's elements (as many as `cost` assumes, below that). Costs:
+    see `cost("broadcast", algorithm, ...)`."""
     check_algorithm("broadcast", algorithm, BROADCAST_ALGORITHMS)
     root = check_root(comm, root)
     data = flat(x)
@@ -65,11 +66,14 @@ def broadcast_binomial(comm, data, root):
 
 
 # -- cell 14
+from dsml.validate_args import integer
+
+
 def broadcast_chain(comm, data, root, chunks):
-    """A pipeline root → 1 → 2 → … → p−1 in `chunks` pieces: every rank forwards piece i
-    while it receives piece i + 1 (full duplex)."""
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be an integer ≥ 1, got {chunks!r}")
+    """A pipeline root → 1 → 2 → … → p−1 in `chunks` pieces (at most one an element): every
+    rank forwards piece i while it receives piece i + 1 (full duplex)."""
+    # A piece holds at least one element: more pieces would be empty messages, each paying α.
+    chunks = min(integer("chunks", chunks, 1), max(1, length(data)))
     p, vrank = comm.size, (comm.rank - root) % comm.size
     prev, nxt = (comm.rank - 1) % p, (comm.rank + 1) % p
     pieces = split(data, block_sizes(length(data), chunks))

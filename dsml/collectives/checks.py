@@ -3,20 +3,43 @@ all-reduce, reduce-scatter) that the shape-and-dtype comparison in the messages 
 
 NumPy adds booleans with a logical OR (`np.add(True, True)` is True), so op="sum" — and "mean",
 which divides that sum — on a bool array would return an OR, not a count. Refused here, with
-the two ways out named, rather than handed back as a plausible-looking wrong answer.
+the two ways out named, rather than handed back as a plausible-looking wrong answer. So is
+op="mean" on integers: the sum divided by p is a float64 array, not the integers handed in.
+
+"avg", the name NCCL and torch.distributed give the mean (ncclAvg, ReduceOp.AVG), is accepted
+as another spelling of "mean" (`op_name`); dsml prints "mean" (docs/conventions.md). Strings
+or objects are refused too: NumPy's "sum" of strings is cut to the first one's width.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from dsml.validate_args import numeric_array
+
+OP_ALIASES = {"avg": "mean"}
+
+
+def op_name(op):
+    """The library's name for `op`: "avg" -> "mean"; any other value unchanged (check_op judges
+    it)."""
+    return OP_ALIASES.get(op, op) if isinstance(op, str) else op
+
 
 def check_reducible(x, op: str, what: str) -> None:
-    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text)."""
+    """Raise ValueError if `op` on `x` would not mean what it says (see the module's text), and
+    TypeError if `x` holds no numbers (NumPy "adds" strings by cutting them to one width)."""
+    numeric_array(f"{what}: x", x)
     if isinstance(x, np.ndarray) and x.dtype.kind == "b" and op in ("sum", "mean"):
         raise ValueError(
             f"{what}: op={op!r} on a bool array would be a logical OR, not a count (NumPy adds "
             f"booleans with `or`); pass x.astype(np.int64) to count the True values, or use "
             f"op='max' for 'any rank True' and op='min' for 'every rank True'")
+    if isinstance(x, np.ndarray) and x.dtype.kind in "iu" and op == "mean":
+        raise ValueError(
+            f"{what}: op='mean' on {'an' if x.dtype.kind == 'i' else 'a'} {x.dtype} array would "
+            f"return float64 (the sum divided by the world size), not {x.dtype}; pass "
+            f"x.astype(np.float64) for a float mean, or use op='sum' and divide the result "
+            f"yourself")
 
 
 # Ranks that pass different ops to one collective would combine with different ufuncs and

@@ -12,6 +12,8 @@ from dsml.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS
 # -- cell 38
 import math
 
+from dsml.validate_args import integer, positive_number
+
 COLLECTIVE_ALGORITHMS = {
     "broadcast": BROADCAST_ALGORITHMS, "reduce": REDUCE_ALGORITHMS,
     "allreduce": ALLREDUCE_ALGORITHMS, "allgather": ALLGATHER_ALGORITHMS,
@@ -29,13 +31,9 @@ def cost(op: str, algorithm: str, p: int, nbytes: float, alpha: float, beta: flo
     if op not in COLLECTIVE_ALGORITHMS:
         raise ValueError(f"unknown op {op!r}; choose one of {', '.join(COLLECTIVE_ALGORITHMS)}")
     check_algorithm(op, algorithm, COLLECTIVE_ALGORITHMS[op])
-    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-        raise ValueError(f"p must be an integer ≥ 1, got {p!r}")
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ValueError(f"chunks must be an integer ≥ 1, got {chunks!r}")
+    p, chunks = integer("p", p, 1), integer("chunks", chunks, 1)
     for name, value in (("nbytes", nbytes), ("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        if not (value >= 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
+        positive_number(name, value, allow_zero=True)
     if p == 1:
         return 0.0
     n, L = nbytes, lg(p)

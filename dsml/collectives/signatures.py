@@ -30,6 +30,7 @@ from dsml.collectives.allgather import ALLGATHER_ALGORITHMS
 from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS
 from dsml.collectives.broadcast import BROADCAST_ALGORITHMS
 from dsml.collectives.buffers import COLLECTIVE_TAG
+from dsml.collectives.checks import op_name
 from dsml.collectives.hierarchical import HIERARCHICAL_SCHEMES
 from dsml.collectives.reduce import REDUCE_ALGORITHMS
 from dsml.collectives.reduce_scatter import REDUCE_SCATTER_ALGORITHMS
@@ -46,7 +47,7 @@ ROOT, CHUNKS = ("int", 24), ("int", 16)
 SCHEMAS = {
     "broadcast": (("root", ROOT), ("algorithm", BROADCAST_ALGORITHMS), ("chunks", CHUNKS)),
     "reduce": (("root", ROOT), ("op", OP_NAMES), ("algorithm", REDUCE_ALGORITHMS)),
-    "allreduce": (("op", OP_NAMES), ("algorithm", ALLREDUCE_ALGORITHMS)),
+    "allreduce": (("op", OP_NAMES), ("algorithm", ALLREDUCE_ALGORITHMS + ("auto",))),
     "allgather": (("algorithm", ALLGATHER_ALGORITHMS),),
     "reduce_scatter": (("op", OP_NAMES), ("algorithm", REDUCE_SCATTER_ALGORITHMS)),
     "alltoall": (),
@@ -76,6 +77,7 @@ def encode(name: str, values) -> int:
             field = int(value) % (1 << width) if isinstance(value, numbers.Integral) \
                 and not isinstance(value, bool) else 0
         else:
+            value = op_name(value) if kind is OP_NAMES else value     # "avg" is "mean"
             field = kind.index(value) + 1 if isinstance(value, str) and value in kind else 0
         tag |= field << shift
         shift += width

@@ -1,15 +1,24 @@
-"""Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+"""Plumbing (hand-written): validation — every all-reduce run for real beside the simulator's
+prediction of the same measurement (`dsml validate`, week 2 §15, and
+benchmarks/allreduce_real_engines.py).
 
-# names defined in earlier cells of the same notebook (added by the exporter)
-from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
+One measurement method for all of them (`timed_allreduce`): a few warm-up all-reduces (page
+faults, buffer pools), a barrier, then a loop of all-reduces **each timed on its own**; a rank
+reports the **median** of its calls, a run counts as its slowest rank, and a result is the median
+over repeated runs, the algorithms taking turns. The median of single calls, not the loop's mean:
+on a shared machine a few calls in a loop of a hundred lose a core for milliseconds, and their
+mean moved the same 1 MiB all-reduce 4× from run to run (docs/measurements.md). The simulator runs
+the same loop (`predicted_allreduce`), and model and measurement are compared as a **ratio**,
+measured ÷ predicted: a 3× miss reads 3× whichever side it falls on.
+"""
+from __future__ import annotations
 
-
-# -- cell 76
 import os
 from typing import NamedTuple
 
 import numpy as np
 
+from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS, allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
 from dsml.comm.sim_engine import simulate
@@ -27,16 +36,17 @@ def allreduce_iterations(nbytes: int, budget: int = BUDGET, most: int = 200,
 
 def timed_loop(comm, x, algorithm: str, warmups: int, timed: int):
     """Rank program step: `warmups` all-reduces of x (first-touch costs, pools, caches), a
-    barrier (a ring all-reduce of one element per rank, so that no rank starts its clock while another is
-    still warming up), then `timed` all-reduces between two readings of comm.now().
-    Returns (this rank's seconds per all-reduce, the last result)."""
+    barrier (a ring all-reduce of one element per rank, so that no rank starts its clock while
+    another is still warming up), then `timed` all-reduces, comm.now() read after each.
+    Returns (the median of this rank's seconds per all-reduce, the last result)."""
     for _ in range(warmups):
         yield from allreduce(comm, x, algorithm=algorithm)
     yield from allreduce(comm, np.zeros(comm.size), algorithm="ring")  # the barrier
-    start = yield comm.now()
+    stamps = [(yield comm.now())]
     for _ in range(timed):
         out = yield from allreduce(comm, x, algorithm=algorithm)
-    return ((yield comm.now()) - start) / timed, out
+        stamps.append((yield comm.now()))
+    return float(np.median(np.diff(stamps))), out
 
 
 def timed_allreduce(comm, sizes, algorithm: str = "ring", dtype: str = "float64",
@@ -60,7 +70,6 @@ def slowest_rank(values) -> list:
     return [max(per_rank[i] for per_rank in values) for i in range(len(values[0]))]
 
 
-# -- cell 77
 def available_cores() -> int:
     """The CPUs this process may run on: up to this many ranks each get a core of their own."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -102,7 +111,6 @@ def predicted_allreduce(p: int, nbytes: int, network, algorithm: str = "ring",
     return max(simulate(program, p, network, trace=False).values)
 
 
-# -- cell 78
 class Validation(NamedTuple):
     """One validated run: measured and predicted seconds per all-reduce."""
     algorithm: str
@@ -113,9 +121,26 @@ class Validation(NamedTuple):
     runs: tuple = ()      # seconds per all-reduce in each repeat; `measured` is their median
 
     @property
-    def error(self) -> float:
-        """predicted / measured − 1: negative when the model is optimistic."""
-        return self.predicted / self.measured - 1
+    def ratio(self) -> float:
+        """measured ÷ predicted: above 1 when the model is optimistic, 3.0 for a 3× miss."""
+        return self.measured / self.predicted
+
+    @property
+    def spread(self) -> tuple:
+        """(fastest, slowest) repeat's seconds per all-reduce."""
+        return (min(self.runs), max(self.runs)) if self.runs else (self.measured,) * 2
+
+
+def miss(ratio: float) -> float:
+    """How far a ratio is from 1 either way, as a factor ≥ 1: 3.0 for 3 and for 1/3."""
+    return max(ratio, 1 / ratio)
+
+
+def summary(rows, smallest: int = 0) -> tuple:
+    """(median ratio, worst ratio) of the rows of `nbytes` ≥ `smallest`: the median of their
+    measured ÷ predicted, and the ratio that misses by the largest factor either way."""
+    ratios = [r.ratio for r in rows if r.nbytes >= smallest]
+    return float(np.median(ratios)), max(ratios, key=miss)
 
 
 def validate(network, engine: str = "processes", algorithms=ALLREDUCE_ALGORITHMS,

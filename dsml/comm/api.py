@@ -242,14 +242,13 @@ class Comm:
 
 
 # -- cell 36
+from dsml.validate_args import positive_number
+
+
 @add_to_class(Comm)
 def compute(self, seconds: float) -> Compute:
     """Request: `seconds` of computation (simulated time; a no-op on real engines)."""
-    seconds = float(seconds)
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"rank {self.rank}: compute seconds must be finite and ≥ 0, "
-                         f"got {seconds}")
-    return Compute(seconds)
+    return Compute(positive_number("compute seconds", seconds, allow_zero=True))
 
 
 @add_to_class(Comm)

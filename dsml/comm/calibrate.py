@@ -1,8 +1,28 @@
-"""Generated from notebooks/week2_collective_communication.ipynb — do not edit; edit the notebook and run `make export`."""
+"""Plumbing (hand-written): calibration — this machine measured as an α–β–γ model, the way the
+collectives use it, for the simulator to predict real runs (`dsml calibrate`, week 2 §15).
 
+What a collective does at each step is an **exchange**: both ranks of a pair send a block to
+each other at once (`sendrecv`), then write what arrived into a buffer of their own — copied
+(an all-gather step) or added to their own block (a reduce-scatter or recursive-doubling step)
+— and every call makes fresh result buffers. `collective_steps` times exactly that on two ranks,
+per size, alternating the copying and the adding step so that load hits both alike:
 
-# -- cell 72
+- α (s) and β (s/byte) are the least-squares line (`fit_alpha_beta`, relative error) through
+  the median time of the copying step: the model's α + nβ for one message each way at once;
+- γ (s/byte) is what adding costs beyond copying: the adding step's fitted slope minus the
+  copying step's (never below 0).
+
+A ping-pong (`ping_pong`, week 1's and `dsml pingpong`'s measurement) sends one way at a time,
+reuses the array it received, and neither copies nor adds: on the development machine its β was
+half the exchange's, so a model fitted to it predicted all-reduces 2–3× too fast
+(docs/measurements.md). `calibrate` also says what makes a fit suspect: a size whose median
+lies far off the line (a burst of load during its runs), and a half-performance size α/β
+beyond the largest size measured (then β rests on no size that is bandwidth-bound).
+"""
+from __future__ import annotations
+
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -10,8 +30,11 @@ from dsml.comm.run import run
 from dsml.net.alphabeta import AlphaBeta
 from dsml.net.fit import fit_alpha_beta
 
-
 WARM_UP_ROUND_TRIPS = 2
+WARM_UP_STEPS = 4           # untimed steps per size: segments, pools, first-touch pages
+CALIBRATION_SIZES = [2**k for k in range(3, 23)]     # 8 B … 4 MiB, every power of two
+CALIBRATION_TAG = 7
+OUTLIER = 2.0               # a size this many times off the fitted line is named in a warning
 
 
 def ping_pong(comm, nbytes, round_trips):
@@ -45,10 +68,9 @@ def measure(program, p, args, repeats: int = 3, engine: str = "processes", stati
                             for _ in range(repeats)]))
 
 
-# -- cell 73
 def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
-    """γ of this machine: the fastest of `repeats` in-place np.add of two float64 vectors of
-    `nbytes` each — the reduction a combine stands for — per byte."""
+    """The fastest of `repeats` in-place np.add of two float64 vectors of `nbytes` each, per
+    byte: what a reduction costs on its own, with no message around it."""
     u, v = np.ones(max(1, nbytes // 8)), np.ones(max(1, nbytes // 8))
     best = float("inf")
     for _ in range(repeats):
@@ -58,23 +80,85 @@ def reduction_seconds_per_byte(nbytes: int, repeats: int = 5) -> float:
     return best / u.nbytes
 
 
-CALIBRATION_SIZES = [4**k for k in range(12)]        # 1 B … 4 MiB
-
-
-def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, round_trips: int = 10,
-              repeats: int = 3, gamma_nbytes: int = 16 * 2**20, network=None, report=None):
-    """Measure this machine as an α–β–γ model. Returns (AlphaBeta, one-way times in s).
-
-    α (s) and β (s/byte) are fitted by least squares (`fit_alpha_beta`) to the median one-way
-    ping-pong time of each size on `engine`, `round_trips` round trips at every size;
-    γ (s/byte) is `np.add` on `gamma_nbytes`, larger than the caches (None: not measured, 0).
-    `report(nbytes, seconds)` is called after each size, for a caller that prints as it goes."""
-    times = []
+def collective_steps(comm, sizes, steps: int):
+    """Rank program for 2 ranks: per size (bytes, multiples of 8), the median seconds of a
+    collective's step — exchange n bytes of float64 with the other rank (`sendrecv`), then
+    copy what arrived into a fresh buffer — and of the same step adding it to this rank's own
+    block instead (charging the simulator's γ with a combine). `steps` timed steps of each,
+    alternating, after WARM_UP_STEPS untimed ones. Returns (copy medians, add medians)."""
+    peer = 1 - comm.rank
+    copies, adds = [], []
     for nbytes in sizes:
-        times.append(measure(ping_pong, 2, (nbytes, round_trips), repeats, engine,
-                             network=network))
+        mine = np.full(nbytes // 8, comm.rank + 1.0)
+        timed = ([], [])
+        for i in range(WARM_UP_STEPS + 2 * steps):
+            adding = i % 2
+            start = yield comm.now()
+            got = yield comm.sendrecv(peer, mine, peer, CALIBRATION_TAG)
+            out = np.empty_like(mine)              # every collective call makes new buffers
+            if adding:
+                yield comm.combine(got.nbytes)
+                np.add(mine, got, out=out)
+            else:
+                np.copyto(out, got)
+            if i >= WARM_UP_STEPS:
+                timed[adding].append((yield comm.now()) - start)
+        copies.append(float(np.median(timed[0])))
+        adds.append(float(np.median(timed[1])))
+    return copies, adds
+
+
+class Calibration(NamedTuple):
+    """What `calibrate` measured: the model, and the medians it was fitted to."""
+    network: AlphaBeta
+    sizes: list             # bytes
+    step_seconds: list      # a copying exchange step per size (the slowest rank, median of runs)
+    add_seconds: list       # the same step adding instead of copying
+    warnings: list          # sentences: what makes this fit suspect (empty when nothing does)
+
+
+def fit_warnings(sizes, seconds, alpha: float, beta: float) -> list[str]:
+    """Sentences naming what makes a fitted line suspect: sizes whose time is OUTLIER times off
+    the line either way, and a half-performance size α/β beyond the largest size measured."""
+    warnings = []
+    for nbytes, t in zip(sizes, seconds):
+        line = alpha + nbytes * beta
+        ratio = t / line if line > 0 else float("inf")
+        if ratio >= OUTLIER or ratio <= 1 / OUTLIER:
+            warnings.append(f"{nbytes} B took {t * 1e6:.1f} µs where the fitted line says "
+                            f"{line * 1e6:.1f} µs ({ratio:.2f}×): the line does not describe "
+                            f"this size (a burst of load during its runs, or a change of path "
+                            f"such as the processes engine's pipe-to-shared-memory switch at "
+                            f"32 KiB)")
+    if beta > 0 and alpha / beta > max(sizes):
+        warnings.append(f"the half-performance size α/β = {alpha / beta:.0f} B lies beyond the "
+                        f"largest size measured ({max(sizes)} B): β rests on no size whose "
+                        f"time the bandwidth decides; measure larger sizes (-e)")
+    return warnings
+
+
+def calibrate(engine: str = "processes", sizes=CALIBRATION_SIZES, steps: int = 10,
+              repeats: int = 3, network=None, report=None) -> Calibration:
+    """Measure this machine as an α–β–γ model (see the module docstring) on `engine` with two
+    ranks. Each of `repeats` runs times every size (`collective_steps`); per size the slowest
+    rank counts and the median over runs is fitted. `network`: engine "sim" only (it then
+    recovers that network's α, β, γ). `report(nbytes, step seconds, add seconds)` per size."""
+    for nbytes in sizes:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 8 or nbytes % 8:
+            raise ValueError(f"calibration sizes must be multiples of 8 bytes (float64), got "
+                             f"{nbytes!r}")
+    if len(sizes) < 2:
+        raise ValueError(f"calibration needs at least 2 sizes to fit a line, got {list(sizes)}")
+    runs = [run(collective_steps, 2, engine=engine, network=network, trace=False,
+                args=(list(sizes), steps)).values for _ in range(repeats)]
+    copies, adds = [], []
+    for i, nbytes in enumerate(sizes):
+        copies.append(float(np.median([max(v[0][i] for v in values) for values in runs])))
+        adds.append(float(np.median([max(v[1][i] for v in values) for values in runs])))
         if report is not None:
-            report(nbytes, times[-1])
-    alpha, beta = fit_alpha_beta(sizes, times)
-    gamma = 0.0 if gamma_nbytes is None else reduction_seconds_per_byte(gamma_nbytes)
-    return AlphaBeta(alpha, beta, gamma), times
+            report(nbytes, copies[-1], adds[-1])
+    alpha, beta = fit_alpha_beta(sizes, copies)
+    _, beta_add = fit_alpha_beta(sizes, adds)
+    gamma = max(0.0, beta_add - beta)
+    return Calibration(AlphaBeta(alpha, beta, gamma), list(sizes), copies, adds,
+                       fit_warnings(sizes, copies, alpha, beta))

@@ -42,6 +42,7 @@ import numpy as np
 
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
                            RunResult, Send, SendRecv, payload_nbytes, start_rank)
+from dsml.comm.costs import engine_costs
 from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import not_a_request, returned_generator
 from dsml.comm.spans import Span
@@ -182,6 +183,8 @@ class MatchingTransport:
     PeerFailed once nothing from it is left (`failed`), and the next receive from any source
     raises it once (`unnotified`, see `_drive_activities`)."""
 
+    engine = None               # the engine's name, for its α, β, γ (dsml.comm.costs)
+
     def __init__(self, rank: int, status: Status):
         self.rank = rank
         self.status = status
@@ -313,6 +316,7 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     """
     comm = Comm(rank, size)
     comm.tracing = record_trace      # no trace: collectives skip their enclosing slice (spans)
+    comm.costs = engine_costs(transport.engine)     # what "auto" collectives choose by
     gen = start_rank(program, comm, args, kwargs)
     transport.connect(size)
     sent = [0] * size          # user messages sent to each peer (the hellos do not count)

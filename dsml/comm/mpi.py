@@ -187,6 +187,8 @@ def decode(buf: np.ndarray):
 class MpiTransport(MatchingTransport):
     """A rank's end of a run's communicator (see the module docstring)."""
 
+    engine = "mpi"              # whose α, β, γ "auto" collectives choose by (dsml.comm.costs)
+
     def __init__(self, comm, status: Status, MPI, pause, expired: threading.Event):
         super().__init__(comm.Get_rank(), status)
         self.comm = comm

@@ -30,6 +30,8 @@ READ_SIZE = 1 << 18         # bytes asked of a pipe per read
 class PipeTransport(MatchingTransport):
     """A rank's ends of the pipes: one in from every peer, one out to every peer."""
 
+    engine = "processes"        # whose α, β, γ "auto" collectives choose by (dsml.comm.costs)
+
     def __init__(self, rank, status, readers: dict, writers: dict, segments: Segments):
         super().__init__(rank, status)
         self.readers = readers                   # src -> fd (non-blocking)

@@ -7,6 +7,7 @@ import numbers
 from dsml.comm.api import Comm, RankError, RunResult, start_rank
 from dsml.comm.driver import check_timeout
 from dsml.comm.sim_engine import simulate
+from dsml.validate_args import mapping_of_arguments, sequence_of_arguments
 
 # "mpi" runs inside an MPI job only (mpiexec -n P python script.py; the optional extra
 # '.[mpi]'): a loop over ENGINES in one process should skip it.
@@ -27,9 +28,10 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     a common start (after all ranks are up) to the last finish, and a run where every
     unfinished rank waits for a message that no rank will send raises DeadlockError at once.
     `timeout` (s > 0; None or float('inf') for no limit) bounds the run on every engine (on
-    "sim", in wall-clock seconds). engine "mpi": every process of an MPI job calls `run`, and
-    each runs its own rank (mpi4py; `dsml.comm.mpi`); `world_size` must be the job's size, or
-    None to take it; every process gets the same RunResult. `trace=False` skips recording.
+    "sim", in wall-clock seconds, read between steps: a rank that never yields is not stopped).
+    engine "mpi": every process of an MPI job calls `run`, and each runs its own rank (mpi4py;
+    `dsml.comm.mpi`); `world_size` must be the job's size, or None to take it; every process
+    gets the same RunResult. `trace=False` skips recording.
     `max_events` (sim only) bounds a simulation's steps (events, and requests answered at
     once; an integer ≥ 1, or None: dsml.sim_support.DEFAULT_MAX_EVENTS); past it, or past
     `timeout`, the simulator raises dsml.sim.LimitExceeded saying what each rank was doing.
@@ -57,6 +59,8 @@ def run(program, world_size: int | None, engine: str = "sim", network=None, args
     if engine == "sim" and world_size > MAX_SIM_WORLD_SIZE:
         raise ValueError(f"world_size must be at most {MAX_SIM_WORLD_SIZE:,} on engine='sim' "
                          f"(each rank is a generator in this process), got {world_size!r}")
+    args = sequence_of_arguments("args", args, "the rank program's arguments")
+    kwargs = mapping_of_arguments("kwargs", kwargs, "the rank program's keyword arguments")
     if not callable(program):
         raise TypeError(f"program must be a generator function, got {type(program).__name__}")
     # Fail fast, in the caller, when the program is not a generator function.

@@ -41,6 +41,8 @@ JOIN_TIMEOUT = 10.0  # s: how long to wait for the threads to end after a failur
 class ThreadTransport(MatchingTransport):
     """A rank's end of the in-process queues."""
 
+    engine = "threads"          # whose α, β, γ "auto" collectives choose by (dsml.comm.costs)
+
     def __init__(self, rank, inboxes, status, cancelled: threading.Event):
         super().__init__(rank, status)
         self.inboxes = inboxes

@@ -23,7 +23,7 @@ import numpy as np
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
-                            expect_rank_program)
+                            expect_rank_program, fresh_rng)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.net.topology import bisection_bandwidth, star, torus2d, two_level
 from dsml.sim import DeadlockError
@@ -76,16 +76,24 @@ def check_size_for_fraction(size_for_fraction):
 
 @checker("1.2", "when pipelining pays")
 def check_pipelining_break_even(pipelining_break_even):
-    for hops, chunks, alpha, beta in [(4, 8, 3e-6, 1e-10), (2, 2, 1e-5, 1e-9),
-                                      (7, 3, 2e-6, 5e-11)]:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, False) for case in [(4, 8, 3e-6, 1e-10), (2, 2, 1e-5, 1e-9),
+                                        (7, 3, 2e-6, 5e-11)]]
+    cases += [((int(fresh.integers(2, 9)), int(fresh.integers(2, 17)),
+                float(f"{10 ** fresh.uniform(-6.5, -4.5):.3g}"),
+                float(f"{10 ** fresh.uniform(-11, -9):.3g}")), True) for _ in range(2)]
+    for (hops, chunks, alpha, beta), drawn in cases:
         what = (f"pipelining_break_even(hops={hops}, chunks={chunks}, alpha={alpha:g}, "
                 f"beta={beta:g})")
         got = as_float(pipelining_break_even(hops, chunks, alpha, beta), what)
         expected = chunks * alpha / ((hops - 1) * beta)
+        if drawn:             # say the inputs, not the answer
+            what += " (a case drawn afresh for this check)"
         derive = ("Write store-and-forward h(α + nβ) and pipelined (h + k − 1)(α + nβ/k), "
                   "subtract, and solve for the n at which they are equal.")
+        shown = "" if drawn else f", expected {expected:.6g} B"
         if not got > 0:
-            raise Wrong(f"{what} returned {got:.6g} B, expected {expected:.6g} B: a message "
+            raise Wrong(f"{what} returned {got:.6g} B{shown}: a message "
                         f"size is > 0 (with h ≥ 2 and k ≥ 2 a tiny message always loses by "
                         f"pipelining: it pays α more often). {derive}")
         # Just above the returned size pipelining must win, just below it must lose.
@@ -95,11 +103,11 @@ def check_pipelining_break_even(pipelining_break_even):
             whole = _store_and_forward_time(n, hops, alpha, beta)
             if (piped < whole) != should_win:
                 verdict = "is still slower" if should_win else "already wins"
-                raise Wrong(f"{what} returned {got:.6g} B, expected {expected:.6g} B: at "
+                raise Wrong(f"{what} returned {got:.6g} B{shown}: at "
                             f"n = {n:.9g} B, just {side} your answer, pipelining {verdict} "
                             f"(pipelined {piped:.9g} s, store-and-forward {whole:.9g} s, "
                             f"difference {piped - whole:+.3g} s). {derive}")
-        expect_close(got, expected, what, derive, unit="B")
+        expect_close(got, expected, what, derive, unit="B", drawn=drawn)
 
 
 # --- 1.3 ----------------------------------------------------------------------------------
@@ -401,14 +409,25 @@ def torus_bisection_truth(rows: int, cols: int) -> int:
     return round(bisection_bandwidth(topology, max_hosts=max(16, rows * cols)))
 
 
-@checker("1.9", "torus bisection")
+@checker("1.9", "torus bisection", builds=("dsml.net.topology.bisection_bandwidth",))
 def check_torus_bisection_links(torus_bisection_links):
     # 3 × 6 has 18 hosts, beyond bisection_bandwidth's default limit of 16; it takes ~0.1 s
     # and is the smallest case where half the hosts (9) differs from the answer (6).
-    for rows, cols in [(3, 4), (4, 4), (4, 3), (3, 6)]:
+    # Every torus the exercise covers (the longer side even) that an exhaustive split can
+    # measure has at most 18 hosts: too few to draw fresh cases from. Instead only the first
+    # case's hint shows the expected count, so answers copied from hints cannot pass.
+    for index, (rows, cols) in enumerate([(3, 4), (4, 4), (4, 3), (3, 6), (6, 3)]):
         expected = torus_bisection_truth(rows, cols)
         what = f"torus_bisection_links(rows={rows}, cols={cols})"
         got = as_float(torus_bisection_links(rows, cols), what)
+        if got != expected and index > 0:
+            raise Wrong(f"{what} returned {got:g}, not the links that the cheapest split of "
+                        f"the {rows * cols} hosts cuts (trying every split, "
+                        f"dsml.net.bisection_bandwidth, finds it). See "
+                        f"the torus as rings: a straight cut across one dimension severs every "
+                        f"ring running along it, each ring twice (once more at the wrap-around "
+                        f"link). Count links, not hosts, and ask which dimension is cheaper to "
+                        f"cut.")
         if got != expected:
             raise Wrong(f"{what} returned {got:g}, expected {expected}: trying every split "
                         f"of the {rows * cols} hosts into two halves "

@@ -22,7 +22,7 @@ from dsml.collectives import allgather, allreduce, broadcast, busbw_factor, redu
 from dsml.comm.api import Comm, RankError, Recv, SizeOnly
 from dsml.comm.run import run
 from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
-                            expect_rank_program)
+                            expect_rank_program, fresh_rng)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
 
@@ -135,7 +135,10 @@ def _explain_sum(got: np.ndarray, expected: np.ndarray, p: int, rank: int,
 ALLGATHER_CASES = [(3, 4), (5, 2), (2, 3), (6, 1), (1, 3)]      # (p, elements per rank)
 
 
-@checker("2.1", "ring all-gather")
+@checker("2.1", "ring all-gather",
+         builds=("dsml.collectives.allgather.allgather",
+                 "dsml.collectives.allgather.allgather_ring_blocks",
+                 "dsml.collectives.allgather.allgather_bruck_blocks"))
 def check_ring_allgather(ring_allgather):
     rng = np.random.default_rng(2001)
     network = AlphaBeta(alpha=2e-6, beta=1e-9)
@@ -211,7 +214,7 @@ RING_BANDWIDTH_CASES = [(3, 3 * 2 ** 20, 1e-10), (8, 8 * 1000, 2e-9), (2, 1_000_
                         (5, 5 * 4096, 4e-11)]
 
 
-@checker("2.2", "the ring's bandwidth term")
+@checker("2.2", "the ring's bandwidth term", builds=("dsml.collectives.cost.cost",))
 def check_ring_bandwidth_time(ring_bandwidth_time):
     for p, nbytes, beta in RING_BANDWIDTH_CASES:
         simulated = simulate_ring_allreduce(p, nbytes, alpha=0.0, beta=beta)
@@ -233,7 +236,9 @@ def check_ring_bandwidth_time(ring_bandwidth_time):
 REDUCE_SCATTER_CASES = [(4, 10), (5, 3), (3, 7), (6, 6), (1, 4)]   # (p, elements)
 
 
-@checker("2.3", "ring reduce-scatter")
+@checker("2.3", "ring reduce-scatter",
+         builds=("dsml.collectives.reduce_scatter.reduce_scatter",
+                 "dsml.collectives.reduce_scatter.reduce_scatter_ring_blocks"))
 def check_ring_reduce_scatter(ring_reduce_scatter):
     rng = np.random.default_rng(2003)
     network = AlphaBeta(alpha=2e-6, beta=1e-9)
@@ -297,7 +302,10 @@ def check_ring_reduce_scatter(ring_reduce_scatter):
 ANY_P_CASES = [3, 6, 7, 5, 4, 1]
 
 
-@checker("2.4", "all-reduce for any number of ranks")
+@checker("2.4", "all-reduce for any number of ranks",
+         builds=("dsml.collectives.allreduce.allreduce",
+                 "dsml.collectives.allreduce.allreduce_recursive_doubling",
+                 "dsml.collectives.allreduce.allreduce_halving_doubling"))
 def check_allreduce_any_p(allreduce_any_p):
     rng = np.random.default_rng(2004)
     # Latency-bound: 5 elements, α ≫ nβ, so the time counts message rounds.
@@ -357,9 +365,17 @@ FOLDED_CASES = [(6, 48_000, 2e-6, 1e-10, 2.5e-11), (13, 130_000, 1e-6, 2e-10, 1e
                 (2, 4_096, 4e-6, 5e-10, 1e-10)]
 
 
-@checker("2.5", "what folding costs")
+@checker("2.5", "what folding costs",
+         builds=("dsml.collectives.allreduce.allreduce",
+                 "dsml.collectives.allreduce.allreduce_recursive_doubling"))
 def check_folded_allreduce_time(folded_allreduce_time):
-    for p, nbytes, alpha, beta, gamma in FOLDED_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, False) for case in FOLDED_CASES]
+    cases += [((int(fresh.integers(2, 17)), int(fresh.integers(1, 2_000_000)),
+                float(f"{10 ** fresh.uniform(-6.5, -4.5):.3g}"),
+                float(f"{10 ** fresh.uniform(-11, -9):.3g}"),
+                float(f"{10 ** fresh.uniform(-12, -10):.3g}")), True) for _ in range(2)]
+    for (p, nbytes, alpha, beta, gamma), drawn in cases:
         simulated = simulate_recursive_doubling(p, nbytes, alpha, beta, gamma)
         closed = math.ceil(math.log2(p)) * (alpha + nbytes * (beta + gamma))
         note = "" if math.isclose(simulated, closed, rel_tol=1e-9) else (
@@ -372,7 +388,8 @@ def check_folded_allreduce_time(folded_allreduce_time):
                      f"simulator.){note} Follow the slowest rank: a folded pair exchanges "
                      f"once before the doubling rounds (and the receiver adds), the 2^⌊lg p⌋ "
                      f"ranks left run ⌊lg p⌋ rounds, and the result goes back once after. "
-                     f"Which of these steps exist when p is a power of two?", unit="s")
+                     f"Which of these steps exist when p is a power of two?", unit="s",
+                     drawn=drawn)
     p, nbytes, alpha, beta, gamma = FOLDED_CASES[0]
     simulated = simulate_recursive_doubling(p, nbytes, alpha, beta, gamma)
     closed = math.ceil(math.log2(p)) * (alpha + nbytes * (beta + gamma))
@@ -452,19 +469,31 @@ BUSBW_CASES = [("allreduce", 6, 6 * 2 ** 20), ("allgather", 5, 5 * 2 ** 18),
                ("allreduce", 3, 3 * 2 ** 16)]
 
 
-@checker("2.7", "bus bandwidth")
+@checker("2.7", "bus bandwidth", builds=("dsml.collectives.cost.busbw_factor",))
 def check_bus_bandwidth(bus_bandwidth):
     network = AlphaBeta(alpha=5e-6, beta=1 / 12.5e9)
     measured = []
-    for collective, p, nbytes in BUSBW_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, False) for case in BUSBW_CASES]
+    for _ in range(2):
+        p = int(fresh.integers(2, 9))
+        cases.append(((str(fresh.choice(["allreduce", "allgather", "reduce_scatter",
+                                         "broadcast"])), p, p * 2 ** int(fresh.integers(10, 21))),
+                      True))
+    for (collective, p, nbytes), drawn in cases:
         seconds = simulate_collective(collective, p, nbytes, network)
         algbw = nbytes / seconds
         factor = busbw_factor(collective, p)
         got = bus_bandwidth(collective, p, nbytes, seconds)
         what = (f"bus_bandwidth({collective!r}, p={p}, nbytes={nbytes}, "
-                f"seconds={seconds:.6g})")
+                f"seconds={seconds!r})")
         value = as_float(got, what)
         ratio = value / algbw if algbw else float("nan")
+        if drawn and not np.isclose(value, algbw * factor, rtol=1e-9, atol=0.0):
+            raise Wrong(f"{what} (a case drawn afresh for this check) returned {value:.6g} B/s, "
+                        f"{ratio:.4g} × algbw = S/t; that is not nccl-tests' busbw for "
+                        f"{collective} on {p} ranks. The factor is the bytes an optimal "
+                        f"{collective} sends through each rank's port, as a multiple of S.")
         expect_close(value, algbw * factor, what,
                      f"(The time is a simulated {collective} on a 12.5 GB/s network.) "
                      f"algbw = S/t = {algbw:.6g} B/s; your answer is {ratio:.4g} × algbw, "

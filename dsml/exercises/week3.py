@@ -31,7 +31,7 @@ from dsml.comm.run import run
 from dsml.data_parallel import (assign_buckets, data_parallel_sgd, ddp_allreduce,
                                 distributed_indices, gradient_noise_scale, shard_bounds,
                                 train_single)
-from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close,
+from dsml.exercises import (Wrong, _not_implemented, as_float, checker, expect_close, fresh_rng,
                             expect_rank_program)
 from dsml.net.alphabeta import AlphaBeta
 from dsml.sim import DeadlockError
@@ -141,15 +141,26 @@ def check_linear_backward(linear_backward):
 SOFTMAX_CASES = [(4, 3, 2.0), (1, 5, 1.0), (6, 4, 3.0), (3, 4, 800.0)]
 
 
-@checker("3.2", "softmax cross-entropy gradient")
+@checker("3.2", "softmax cross-entropy gradient",
+         builds=("dsml.train.models.softmax_cross_entropy",))
 def check_softmax_cross_entropy_grad(softmax_cross_entropy_grad):
     rng = np.random.default_rng(3002)
-    for batch, classes, scale in SOFTMAX_CASES:
-        logits = scale * rng.standard_normal((batch, classes))
-        y = rng.integers(0, classes, size=batch)
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, None) for case in SOFTMAX_CASES]
+    cases += [((int(fresh.integers(1, 9)), int(fresh.integers(2, 11)),
+                float(fresh.choice([0.5, 2.0, 5.0, 300.0]))), int(fresh.integers(2 ** 31)))
+              for _ in range(2)]
+    for (batch, classes, scale), seed in cases:
+        draw = rng if seed is None else np.random.default_rng(seed)
+        logits = scale * draw.standard_normal((batch, classes))
+        y = draw.integers(0, classes, size=batch)
         _, expected = softmax_cross_entropy(logits, y)
         call = (f"softmax_cross_entropy_grad(logits of shape {logits.shape} with entries up to "
                 f"{np.max(np.abs(logits)):.3g}, y={y.tolist()})")
+        if seed is not None:   # a fresh case: say how to make its inputs again
+            call += (f" (a case drawn afresh for this check: rng = np.random.default_rng({seed}); "
+                     f"logits = {scale:g} * rng.standard_normal(({batch}, {classes})); "
+                     f"y = rng.integers(0, {classes}, size={batch}))")
         got = _as_array(softmax_cross_entropy_grad(logits.copy(), y.copy()), call,
                         logits.shape)
         if _close(got, expected):
@@ -193,7 +204,7 @@ def adam_reference(w, g, m, v, t, lr, beta1, beta2, eps):
     return params["w"], new_m, new_v
 
 
-@checker("3.3", "one Adam step")
+@checker("3.3", "one Adam step", builds=("dsml.train.optim.Adam.update",))
 def check_adam_step(adam_step):
     rng = np.random.default_rng(3003)
     for shape, t, lr, beta1, beta2, eps in ADAM_CASES:
@@ -258,7 +269,7 @@ def lars_reference(w, g, trust_coefficient, weight_decay) -> float:
     return optimizer.trust["w"]
 
 
-@checker("3.4", "LARS local learning rate")
+@checker("3.4", "LARS local learning rate", builds=("dsml.train.optim.LARS.update",))
 def check_lars_local_lr(lars_local_lr):
     for name, w, g, tau, decay in _lars_cases():
         expected = lars_reference(w, g, tau, decay)
@@ -975,7 +986,7 @@ _SAMPLER_ADVICE = {
 }
 
 
-@checker("3.11", "a distributed sampler")
+@checker("3.11", "a distributed sampler", builds=("dsml.data_parallel.distributed_indices",))
 def check_sampler_indices(sampler_indices):
     for n, world_size, epoch, seed in SAMPLER_CASES:
         for rank in range(world_size):

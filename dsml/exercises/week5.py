@@ -12,11 +12,11 @@ al. (2022). The layout that fits is found by trying every tensor-parallel size w
 memory accountant (`dsml.memory`). ZB-H1's order is the library's schedule-as-data
 (`dsml.pipeline.schedule`); ZeRO-3's step time with and without prefetch is the prediction
 (`dsml.zero.fsdp_step_prediction`) the notebook holds against the simulator; the bytes a
-data-parallel rank sends per step are read from the step model (`dsml.memory.estimate_step`)
+data-parallel rank sends per step are read from the step model (`dsml.step_model.estimate_step`)
 run on a 1 B/s link with free compute.
 
 This module imports from the lower layers only (`dsml.comm`, `dsml.net`, `dsml.collectives`,
-`dsml.memory`, `dsml.pipeline`, `dsml.zero`),
+`dsml.model_config`, `dsml.memory`, `dsml.step_model`, `dsml.pipeline`, `dsml.zero`),
 never the top-level `dsml` package, which sits above it.
 """
 from __future__ import annotations
@@ -28,9 +28,10 @@ import numpy as np
 from dsml.collectives.allreduce import allreduce
 from dsml.comm.api import SizeOnly
 from dsml.comm.run import run
-from dsml.exercises import Wrong, as_float, checker
-from dsml.memory import (GB, Layout, estimate_step, memory_per_rank, params_per_rank, preset,
-                         zero_model_state_bytes)
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
+from dsml.model_config import preset
+from dsml.memory import GB, Layout, memory_per_rank, params_per_rank, zero_model_state_bytes
+from dsml.step_model import estimate_step
 from dsml.net.alphabeta import AlphaBeta
 from dsml.pipeline import schedule
 from dsml.zero import fsdp_step_prediction
@@ -61,9 +62,23 @@ def measured_tp_bytes(batch: int, seq: int, hidden: int, tp: int, itemsize: int)
     return sum(r.nbytes for r in result.trace.of_rank(0) if r.op in ("send", "sendrecv"))
 
 
-@checker("5.1", "the bytes a tensor-parallel rank sends")
+def fresh_tp_cases(rng, count: int = 3) -> list:
+    """`count` cases drawn from `rng` (t = 2 … 8, hidden a multiple of t), so that answers
+    remembered from earlier checks do not pass."""
+    cases = []
+    for _ in range(count):
+        tp = int(rng.integers(2, 9))
+        cases.append((int(rng.integers(1, 5)), int(rng.integers(2, 65)),
+                      tp * int(rng.integers(1, 33)), tp, int(rng.choice([2, 4, 8]))))
+    return cases
+
+
+@checker("5.1", "the bytes a tensor-parallel rank sends",
+         builds=("dsml.tensor_parallel.tp_block_bytes_per_rank",))
 def check_tp_mlp_bytes(tp_mlp_bytes):
-    for batch, seq, hidden, tp, itemsize in TP_CASES:
+    cases = [(case, False) for case in TP_CASES]
+    cases += [(case, True) for case in fresh_tp_cases(fresh_rng())]
+    for (batch, seq, hidden, tp, itemsize), fresh in cases:
         expected = measured_tp_bytes(batch, seq, hidden, tp, itemsize)
         call = (f"tp_mlp_bytes(batch={batch}, seq={seq}, hidden={hidden}, tp={tp}, "
                 f"itemsize={itemsize})")
@@ -86,9 +101,13 @@ def check_tp_mlp_bytes(tp_mlp_bytes):
         else:
             advice = ("Two ring all-reduces of the b·s·h activations per MLP (one forward, one "
                       "backward), each 2(t − 1)/t · n bytes from every rank.")
+        if fresh:      # say the inputs, so the learner can rerun them; not the answer
+            raise Wrong(f"{call} returned {got:g}, not the bytes the simulator measured rank 0 "
+                        f"sending (a case drawn afresh for this check: call your function with "
+                        f"these inputs to reproduce it). {advice}")
         raise Wrong(f"{call} returned {got:g}; the simulator measured {expected} B sent by "
                     f"rank 0. {advice}")
-    return "matches the bytes read from the simulator's trace, t = 1 to 8"
+    return "matches the bytes read from the simulator's trace, t = 1 to 8, fixed and fresh cases"
 
 
 # --- 5.2: the bubble fraction of a timeline -------------------------------------------------
@@ -191,7 +210,8 @@ def _as_ops(got, call) -> list:
                     f"micro-batch) pairs") from None
 
 
-@checker("5.3", "the order of operations of one 1F1B stage")
+@checker("5.3", "the order of operations of one 1F1B stage",
+         builds=("dsml.pipeline.one_f_one_b_ops", "dsml.pipeline.interleaved_ops"))
 def check_one_f_one_b(one_f_one_b):
     for stage, stages, m in ONE_F_ONE_B_CASES:
         expected = one_f_one_b_reference(stage, stages, m)
@@ -297,11 +317,16 @@ ZERO_CASES = [(1e9, 8, 0, 12), (1e9, 8, 1, 12), (1e9, 8, 2, 12), (1e9, 8, 3, 12)
               (1e6, 1, 3, 12)]
 
 
-@checker("5.5", "ZeRO's model-state bytes per rank")
+@checker("5.5", "ZeRO's model-state bytes per rank", builds=("dsml.memory.zero_model_state_bytes",))
 def check_zero_bytes(zero_bytes):
-    for psi, nd, stage, k in ZERO_CASES:
+    fresh = fresh_rng()       # three more cases, drawn afresh for every check
+    cases = [(case, "") for case in ZERO_CASES]
+    cases += [((float(f"{10 ** fresh.uniform(5, 10):.3g}"), int(fresh.integers(2, 65)),
+                int(fresh.integers(0, 4)), int(fresh.choice([8, 12, 16]))),
+               " (a case drawn afresh for this check)") for _ in range(3)]
+    for (psi, nd, stage, k), drawn in cases:
         expected = zero_reference(psi, nd, stage, k)
-        call = f"zero_bytes(psi={psi:g}, nd={nd}, stage={stage}, k={k})"
+        call = f"zero_bytes(psi={psi:g}, nd={nd}, stage={stage}, k={k}){drawn}"
         got = as_float(zero_bytes(psi, nd, stage, k), call)
         if math.isclose(got, expected, rel_tol=1e-12):
             continue
@@ -319,7 +344,8 @@ def check_zero_bytes(zero_bytes):
         else:
             advice = ("Per parameter: 2 B of fp16 weights, 2 B of fp16 gradients, K B of "
                       "optimizer state; each stage divides one more of them by N_d.")
-        raise Wrong(f"{call} returned {got:.6g} B, expected {expected:.6g} B. {advice}")
+        shown = "" if drawn else f", expected {expected:.6g} B"
+        raise Wrong(f"{call} returned {got:.6g} B{shown}. {advice}")
     return "every stage, K = 8, 12 and 16, N_d = 1 to 12"
 
 
@@ -346,10 +372,15 @@ GPT_CASES = [(12, 768, 50257, 1024), (2, 64, 1000, 128), (24, 1024, 50257, 1024)
 
 @checker("5.6", "the exact parameter count of a GPT-2-style model")
 def check_gpt_num_params(gpt_num_params):
-    for layers, hidden, vocab, positions in GPT_CASES:
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, "") for case in GPT_CASES]
+    cases += [((int(fresh.integers(1, 49)), 8 * int(fresh.integers(1, 257)),
+                int(fresh.integers(10, 60_000)), int(fresh.integers(4, 4097))),
+               " (a case drawn afresh for this check)") for _ in range(2)]
+    for (layers, hidden, vocab, positions), drawn in cases:
         expected = sum(math.prod(shape) for shape in gpt_shapes(layers, hidden, vocab, positions))
         call = (f"gpt_num_params(layers={layers}, hidden={hidden}, vocab={vocab}, "
-                f"positions={positions})")
+                f"positions={positions}){drawn}")
         got = as_float(gpt_num_params(layers, hidden, vocab, positions), call)
         if got == expected:
             continue
@@ -371,7 +402,8 @@ def check_gpt_num_params(gpt_num_params):
                       "input and output projections and the MLP's two matrices, each linear "
                       "layer with its bias; then the two embedding tables and the final "
                       "LayerNorm. Try layers=1 with a small hidden size by hand.")
-        raise Wrong(f"{call} returned {got:.0f}, expected {expected}. {advice}")
+        shown = "" if drawn else f", expected {expected}"
+        raise Wrong(f"{call} returned {got:.0f}{shown}. {advice}")
     return "exact for GPT-2 small and medium and for small odd shapes"
 
 
@@ -390,7 +422,8 @@ ACTIVATION_CASES = [(2048, 1, 12288, 96, 8, False, False), (2048, 1, 12288, 96, 
                     (512, 2, 2048, 16, 4, False, True), (4096, 1, 8192, 64, 2, True, False)]
 
 
-@checker("5.7", "activation bytes per transformer layer")
+@checker("5.7", "activation bytes per transformer layer",
+         builds=("dsml.memory.activation_bytes_per_layer",))
 def check_activation_bytes(activation_bytes):
     for case in ACTIVATION_CASES:
         s, b, h, a, t, sp, sel = case
@@ -521,7 +554,7 @@ def _first_w(ops) -> int:
     return kinds.index("W") if "W" in kinds else -1
 
 
-@checker("5.9", "the order of operations of one ZB-H1 stage")
+@checker("5.9", "the order of operations of one ZB-H1 stage", builds=("dsml.pipeline.zb_h1_ops",))
 def check_zb_h1(zb_h1):
     for stage, stages, m in ZB_H1_CASES:
         expected = zb_h1_reference(stage, stages, m)
@@ -603,7 +636,8 @@ def _prefetch_mistake(gather, scatter, forward, backward, got) -> str:
             "run while it does?")
 
 
-@checker("5.10", "the step time of ZeRO-3 with and without prefetch")
+@checker("5.10", "the step time of ZeRO-3 with and without prefetch",
+         builds=("dsml.zero.fsdp_step_prediction",))
 def check_fsdp_step_time(fsdp_step_time):
     for gather, scatter, forward, backward in PREFETCH_CASES:
         seconds = {"gather": gather, "scatter": scatter, "forward": forward, "backward": backward}

@@ -18,7 +18,7 @@ import numpy as np
 
 from dsml.comm.run import run
 from dsml.context_parallel import contiguous_layout, ring_attention_step
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 from dsml.net.alphabeta import AlphaBeta
 
 
@@ -106,10 +106,16 @@ def _zigzag(seq, cp, rank):
         list(range(second * chunk, (second + 1) * chunk))
 
 
-@checker("5b.2", "the zig-zag split")
+@checker("5b.2", "the zig-zag split", builds=("dsml.context_parallel.zigzag_layout",))
 def check_zigzag_positions(zigzag_positions):
-    for seq, cp, rank in ZIGZAG_CASES:
-        call = f"zigzag_positions(seq={seq}, cp={cp}, rank={rank})"
+    fresh = fresh_rng()       # two more cases, drawn afresh for every check
+    cases = [(case, "") for case in ZIGZAG_CASES]
+    for _ in range(2):
+        cp = int(fresh.integers(2, 9))
+        cases.append(((2 * cp * int(fresh.integers(1, 7)), cp, int(fresh.integers(cp))),
+                      " (a case drawn afresh for this check)"))
+    for (seq, cp, rank), drawn in cases:
+        call = f"zigzag_positions(seq={seq}, cp={cp}, rank={rank}){drawn}"
         got = zigzag_positions(seq, cp, rank)
         try:
             got = sorted(int(p) for p in np.asarray(got).ravel())
@@ -151,7 +157,10 @@ def measured_ring_bytes(batch, seq, hidden, cp, itemsize):
     return sent * itemsize // 8
 
 
-@checker("5b.3", "the bytes of one ring attention layer")
+@checker("5b.3", "the bytes of one ring attention layer",
+         builds=("dsml.context_parallel.ring_attention_kv_bytes",
+                 "dsml.context_parallel.ring_attention_forward",
+                 "dsml.context_parallel.ring_attention_backward"))
 def check_ring_attention_bytes(ring_attention_bytes):
     for batch, seq, hidden, cp, itemsize in BYTES_CASES:
         expected = measured_ring_bytes(batch, seq, hidden, cp, itemsize)

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from dsml.comm.run import run
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 from dsml.expert_parallel import expert_parallel_moe, init_moe, route
 from dsml.net.alphabeta import AlphaBeta
 
@@ -42,7 +42,7 @@ def dropped_reference(choices, experts: int, capacity_factor: float) -> int:
     return int((slot < 0).sum())
 
 
-@checker("5c.1", "tokens dropped by a capacity")
+@checker("5c.1", "tokens dropped by a capacity", builds=("dsml.expert_parallel.route",))
 def check_dropped_tokens(dropped_tokens):
     for choices, experts, factor in DROP_CASES:
         expected = dropped_reference(choices, experts, factor)
@@ -97,13 +97,28 @@ def measured_dispatch_bytes(tokens, hidden, experts, k, capacity_factor, ep, ite
     return sum(sends[:ep - 1])
 
 
+def fresh_dispatch_cases(rng, count: int = 2) -> list:
+    """`count` cases drawn from `rng`: ep = 2 or 4 ranks, a multiple of ep experts, k ≤ 2."""
+    cases = []
+    for _ in range(count):
+        ep = int(rng.choice([2, 4]))
+        experts = ep * int(rng.integers(1, 4))
+        cases.append((int(rng.integers(4, 25)), int(rng.integers(2, 9)), experts,
+                      int(rng.integers(1, min(2, experts) + 1)),
+                      float(rng.choice([0.5, 1.0, 1.25, 1.5])), ep, int(rng.choice([2, 4, 8]))))
+    return cases
+
+
 @checker("5c.2", "the bytes of one all-to-all dispatch")
 def check_dispatch_bytes(dispatch_bytes):
-    for case in DISPATCH_CASES:
+    cases = [(case, "") for case in DISPATCH_CASES]
+    cases += [(case, " (a case drawn afresh for this check)")
+              for case in fresh_dispatch_cases(fresh_rng())]
+    for case, drawn in cases:
         tokens, hidden, experts, k, factor, ep, itemsize = case
         expected = measured_dispatch_bytes(*case)
         call = (f"dispatch_bytes(tokens={tokens}, hidden={hidden}, experts={experts}, k={k}, "
-                f"capacity_factor={factor}, ep={ep}, itemsize={itemsize})")
+                f"capacity_factor={factor}, ep={ep}, itemsize={itemsize}){drawn}")
         got = as_float(dispatch_bytes(*case), call)
         if math.isclose(got, expected, rel_tol=1e-12, abs_tol=1e-9):
             continue
@@ -123,6 +138,9 @@ def check_dispatch_bytes(dispatch_bytes):
         else:
             advice = ("Picture section 3's fixed-size dispatch buffer: how many slots does "
                       "each expert get, and which part of the buffer never leaves the rank?")
+        if drawn:      # say the inputs, not the answer
+            raise Wrong(f"{call} returned {got:g}, not the bytes the simulator measured rank 0 "
+                        f"sending in the dispatch. {advice}")
         raise Wrong(f"{call} returned {got:g}; the simulator measured {expected} B sent by "
                     f"rank 0 in the dispatch. {advice}")
     return "matches the bytes read from the simulator's trace, ep = 1 to 8"

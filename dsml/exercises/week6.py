@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from dsml.collectives.cost import cost
-from dsml.exercises import Wrong, as_float, checker
+from dsml.exercises import Wrong, as_float, checker, fresh_rng
 
 
 # --- 6.1: a GPU's mean time between failures from a fleet's count -------------------------------
@@ -39,7 +39,8 @@ def gpu_mtbf_reference(interruptions, days, gpus) -> float:
     return gpus * days * 24 / interruptions
 
 
-@checker("6.1", "one GPU's mean time between failures")
+@checker("6.1", "one GPU's mean time between failures",
+         builds=("dsml.fault.interruption_statistics",))
 def check_gpu_mtbf_hours(gpu_mtbf_hours):
     for interruptions, days, gpus in MTBF_CASES:
         expected = gpu_mtbf_reference(interruptions, days, gpus)
@@ -80,9 +81,19 @@ def _distinct(got: float, expected: float) -> tuple[str, str]:
     return shown
 
 
-@checker("6.2", "Young's checkpoint interval")
+def fresh_young_cases(rng, count: int = 3) -> list:
+    """`count` (δ, M) pairs drawn from `rng`: δ from 0.5 s to 10 min and M from 1 h to 100 days,
+    log-uniform, each rounded to 4 significant digits so that the hint shows them exactly."""
+    def draw(low, high):
+        return float(f"{math.exp(rng.uniform(math.log(low), math.log(high))):.4g}")
+    return [(draw(0.5, 600.0), draw(3600.0, 100 * 86400.0)) for _ in range(count)]
+
+
+@checker("6.2", "Young's checkpoint interval", builds=("dsml.fault.young_interval",))
 def check_young_checkpoint_interval(young_checkpoint_interval):
-    for delta, mtbf in YOUNG_CASES:
+    cases = [(case, False) for case in YOUNG_CASES]
+    cases += [(case, True) for case in fresh_young_cases(fresh_rng())]
+    for (delta, mtbf), fresh in cases:
         expected = math.sqrt(2 * delta * mtbf)
         call = f"young_checkpoint_interval(checkpoint_cost={delta:g}, mtbf={mtbf:g})"
         got = as_float(young_checkpoint_interval(delta, mtbf), call)
@@ -103,8 +114,12 @@ def check_young_checkpoint_interval(young_checkpoint_interval):
             advice = ("Minimise the waste per unit of work, δ/τ (checkpointing) + τ/(2M) (half "
                       "an interval lost per failure), over τ.")
         shown_got, shown_expected = _distinct(got, expected)
+        if fresh:      # say the inputs, so the learner can rerun them; not the answer
+            raise Wrong(f"{call} returned {shown_got} s, not the interval that minimises the "
+                        f"waste (a case drawn afresh for this check: call your function with "
+                        f"these inputs to reproduce it). {advice}")
         raise Wrong(f"{call} returned {shown_got} s, expected {shown_expected} s. {advice}")
-    return "√(2δM) over five orders of magnitude"
+    return "√(2δM) over five orders of magnitude, fixed and fresh cases"
 
 
 # --- 6.3: the wall time of a job that checkpoints --------------------------------------------
@@ -221,7 +236,7 @@ class _FailingSource:
             yield chunk
 
 
-@checker("6.4", "an atomic write")
+@checker("6.4", "an atomic write", builds=("dsml.checkpoint.write_atomically",))
 def check_atomic_write(atomic_write):
     with tempfile.TemporaryDirectory(prefix="dsml-ex64-") as folder:
         folder = Path(folder)
@@ -280,7 +295,7 @@ def _topk_advice(x, k, indices) -> str:
     return "Keep the k entries of largest |x|."
 
 
-@checker("6.5", "top-k sparsification")
+@checker("6.5", "top-k sparsification", builds=("dsml.compression.TopK.compress",))
 def check_top_k(top_k):
     for x, k in _topk_cases():
         call = f"top_k(x of length {x.size}, k={k})"
@@ -399,7 +414,8 @@ def qsgd_moments(x, levels) -> tuple[np.ndarray, np.ndarray]:
     return variance, fourth - variance**2
 
 
-@checker("6.7", "QSGD quantization")
+@checker("6.7", "QSGD quantization",
+         builds=("dsml.compression.qsgd", "dsml.compression._qsgd_levels"))
 def check_qsgd_quantize(qsgd_quantize):
     rng = np.random.default_rng(6007)
     for n, levels in ((6, 1), (10, 4), (50, 16)):

@@ -2,16 +2,14 @@
 
 
 # -- cell 40
-import math
 from heapq import heappush
+
+from dsml.validate_args import positive_number
 
 
 def check_time_parameter(name: str, value: float) -> float:
     """A latency or per-byte time: a finite number ≥ 0 (seconds or seconds per byte)."""
-    value = float(value)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
-    return value
+    return positive_number(name, value, allow_zero=True)
 
 
 class AlphaBeta:

@@ -43,7 +43,8 @@ def save_network(network: AlphaBeta, path, measured: dict | None = None) -> Path
 def _read(path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"no network file at {path} (write one with `dsml calibrate -o {path}`)")
+        raise ValueError(f"no network file at {path} (write one with `dsml calibrate --output "
+                         f"{path}`)")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

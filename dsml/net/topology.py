@@ -1,5 +1,8 @@
 """Generated from notebooks/week1_foundations_and_communication.ipynb — do not edit; edit the notebook and run `make export`."""
 
+# imports repeated from earlier cells of the same notebook (added by the exporter)
+from dsml.validate_args import positive_number
+
 # names defined in earlier cells of the same notebook (added by the exporter)
 from dsml.net.alphabeta import check_time_parameter
 
@@ -7,12 +10,12 @@ from dsml.net.alphabeta import check_time_parameter
 # -- cell 78
 import itertools
 import math
-import numbers
 
 import networkx as nx
 
 from dsml.net.flows import FairSharing
 from dsml.utils import add_to_class
+from dsml.validate_args import integer
 
 
 class Topology:
@@ -58,10 +61,8 @@ class Topology:
         self.links = {}   # (u, v) -> (latency s, seconds per byte)
         for u, v, data in graph.edges(data=True):
             lat = check_time_parameter(f"latency of link {u}-{v}", data.get("latency", latency))
-            bw = float(data.get("bandwidth", bandwidth))
-            if not (bw > 0 and math.isfinite(bw)):
-                raise ValueError(f"bandwidth of link {u}-{v} must be a finite number > 0 "
-                                 f"(bytes/s), got {bw}")
+            bw = positive_number(f"bandwidth of link {u}-{v}", data.get("bandwidth", bandwidth),
+                                 unit="bytes/s")
             self.links[(u, v)] = self.links[(v, u)] = (lat, 1.0 / bw)
         self._routes, self._route_latency = {}, {}
 
@@ -162,9 +163,7 @@ HOST_OVERHEAD = 1e-6       # s: one-byte RDMA over InfiniBand HDR takes 1.2 µs 
 
 
 def _check_count(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum)
 
 
 def ring(p: int, latency: float = 1e-6, bandwidth: float = 10e9, *,
