@@ -58,16 +58,14 @@ def length(x) -> int:
 
 def block_sizes(n: int, p: int) -> list[int]:
     """Sizes of the p blocks np.array_split makes of n elements (the first n % p get one more)."""
-    # Two int objects shared by the p entries: a 1,024-rank ring holds this list on every
-    # rank, and p² distinct ints (32 MB) made each simulated message miss the cache.
+    # Two shared ints, not p: p² of them (32 MB at 1,024 ranks) made messages miss the cache.
     return [n // p + 1] * (n % p) + [n // p] * (p - n % p)
 
 
 def split(x, sizes):
     """Cut a flat buffer into consecutive blocks of the given sizes."""
     if isinstance(x, SizeOnly):
-        # Placeholders are immutable: equal sizes share one (a 1,024-rank ring holds p blocks
-        # per rank, and a million small objects slow the garbage collector down).
+        # Placeholders are immutable: equal sizes share one (a million fewer objects at scale).
         made = {}
         return [made.get(s) or made.setdefault(s, SizeOnly(s)) for s in sizes]
     blocks, start = [], 0
