@@ -6,8 +6,8 @@ simulator.
 """
 from dsml import net, sim
 from dsml.comm.api import RankError, RunResult, SizeOnly
+from dsml.comm.deadlock import DeadlockError
 from dsml.comm.run import ENGINES, run
-from dsml.sim import DeadlockError
 
 __version__ = "0.1.0"
 __all__ = ["run", "ENGINES", "RunResult", "RankError", "DeadlockError", "SizeOnly",

@@ -12,12 +12,16 @@ Checks:
   values equal the simulator's bit for bit, and NumPy's (the property tests' own check).
 - training: week 3's data_parallel_sgd (every all-reduce algorithm) and ddp_sgd (its buckets on
   a second activity) train as on the simulator, bit for bit, and as one process.
+- rooted: gather, scatter (every algorithm, every root) and barrier equal NumPy's answer.
 - activities: spawn/join programs of tests/test_activities.py give the simulator's values.
 - trace: a traced run has the simulator's rows (op, peers, bytes, tags), times from 0.
 - payloads: arrays of every kind (raw or pickled on the wire) arrive as they were sent, and
   a send is a snapshot: changing the array after sending it changes nothing.
 - raises R: rank R raises inside its program (the job must end, naming it).
-- hangs T: rank 0 waits for a message that never comes, with a timeout of T seconds.
+- hangs T: rank 0 waits for a message that rank 1, busy in its own code, never sends, with a
+  timeout of T seconds.
+- deadlocks T: every rank waits for its neighbour (a deadlock), with a timeout of T seconds:
+  the job ends at once with the report, not at the timeout.
 - unreceived: a message nobody receives: every process gets the same RankError.
 """
 from __future__ import annotations
@@ -110,6 +114,30 @@ def check_collectives(p):
                              on_sim(props.collective_program, p, args).values)
             cases += 1
     return f"{cases} cases"
+
+
+def check_rooted(p):
+    import test_rooted as rooted
+
+    cases = 0
+    for algorithm in ("binomial", "naive"):
+        for root in range(p):
+            whole = np.concatenate([rooted.data(r) for r in range(p)])
+            kwargs = {"root": root, "algorithm": algorithm}
+            values = on_mpi(rooted.gathers, p, kwargs=kwargs).values
+            assert all(v is None for r, v in enumerate(values) if r != root), values
+            assert np.array_equal(values[root], whole), (algorithm, root, values[root])
+            values = on_mpi(rooted.scatters, p, kwargs=kwargs).values
+            assert all(np.array_equal(v, rooted.data(r)) for r, v in enumerate(values)), values
+            cases += 2
+
+    def barriers(comm):
+        for _ in range(3):
+            yield from dsml.collectives.barrier(comm)
+        return comm.rank
+
+    assert on_mpi(barriers, p).values == list(range(p))
+    return f"{cases + 1} cases"
 
 
 # --- training ---------------------------------------------------------------------------------
@@ -241,7 +269,10 @@ def raises_in(comm, bad_rank):
 
 def waits_forever(comm):
     if comm.rank == 0:
-        yield comm.recv(1, tag=3)               # nobody sends it
+        yield comm.recv(1, tag=3)               # rank 1 is busy past the timeout
+    else:
+        import time
+        time.sleep(3600)                         # busy in its own code: no deadlock, a hang
     yield comm.compute(0.0)
 
 
@@ -279,19 +310,31 @@ def check_hangs(p, timeout):
     return "the run returned although rank 0 never got its message"
 
 
+def waits_for_the_next(comm):
+    yield comm.recv((comm.rank + 1) % comm.size, tag=4)      # nobody sends
+
+
+def check_deadlocks(p, timeout):
+    on_mpi(waits_for_the_next, p, timeout=float(timeout))
+    return "the run returned although every rank waits"
+
+
 def check_unreceived(p):
     try:
         on_mpi(sends_unreceived, p)
     except dsml.RankError as error:
-        assert error.rank == 1 and "rank 0 -> rank 1: 2 message(s)" in str(error), str(error)
+        assert error.rank == 1, str(error)
+        assert "rank 0 -> rank 1 (tag 5): 1 message(s)" in str(error), str(error)
+        assert "rank 0 -> rank 1 (tag 6): 1 message(s)" in str(error), str(error)
         return "RankError on every process"
     raise AssertionError("a message nobody received was not an error")
 
 
 CHECKS = {"collectives": check_collectives, "training": check_training,
-          "activities": check_activities, "trace": check_trace, "payloads": check_payloads,
+          "activities": check_activities, "rooted": check_rooted, "trace": check_trace,
+          "payloads": check_payloads,
           "raises": check_raises, "killed": check_killed,
-          "hangs": check_hangs, "unreceived": check_unreceived}
+          "hangs": check_hangs, "deadlocks": check_deadlocks, "unreceived": check_unreceived}
 
 
 def main(argv) -> int:
@@ -301,7 +344,7 @@ def main(argv) -> int:
     except BaseException:                       # end the whole job, not just this process
         abort_job(f"check {name} failed in process {job_rank()}:\n{traceback.format_exc()}")
         raise
-    if name in ("raises", "hangs"):
+    if name in ("raises", "hangs", "deadlocks"):
         abort_job(f"check {name}: {outcome}")
     if job_rank() == 0:
         print(f"OK {name}: {outcome}", flush=True)

@@ -9,12 +9,15 @@ timeouts, and no assertion about speed.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from dsml.comm.shared import SharedArrays, WorkerError, WorkerTimeout, run_workers
+from dsml.comm.shared import (SharedArrays, WorkerError, WorkerTimeout, fork_context,
+                              run_workers)
 from dsml.hogwild import (HogwildResult, SparseProblem, atomic_sgd_step, problem_loss,
                           run_hogwild, sample_order, serial_sgd, sparse_least_squares,
                           sparse_sgd_step)
@@ -276,8 +279,28 @@ def test_timeout_stops_every_worker(lock):
         run_hogwild(PROBLEM, 2, 5, LR, lock=lock, seed=SEED, step=stuck, timeout=1.0)
     assert isinstance(error.value, TimeoutError) and isinstance(error.value, WorkerError)
     assert "did not finish within the timeout of 1 s" in str(error.value)
-    assert "every worker was stopped" in str(error.value)
+    assert "every worker was killed" in str(error.value)
     assert time.monotonic() - start < 30          # it did not wait for the sleeping workers
+
+
+def stop_worker_1(worker, shared_lock):
+    """Worker 1 takes the lock and stops (SIGSTOP); worker 0 then waits for the lock."""
+    if worker == 1:
+        shared_lock.acquire()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.2)
+    with shared_lock:
+        pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/stat")
+def test_a_stopped_worker_is_named_not_the_one_waiting_for_it():
+    lock = fork_context().Lock()
+    with pytest.raises(WorkerTimeout) as error:
+        run_workers(stop_worker_1, 2, args=(lock,), timeout=2.0)
+    assert error.value.worker == 1
+    assert str(error.value).startswith("worker 1 (and 2 worker(s) in all: [0, 1]) did not finish "
+                                       "within the timeout of 2 s — its process is stopped")
 
 
 # --- the plumbing ---------------------------------------------------------------------------------

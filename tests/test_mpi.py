@@ -121,6 +121,12 @@ def test_results_equal_the_simulator_s(check, p):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("p", [2, 3])
+def test_gather_scatter_and_barrier_equal_numpy(p):
+    assert_ok(launch(p, "rooted"), "rooted")
+
+
+@needs_mpiexec
 def test_a_message_nobody_receives_is_an_error_on_every_process():
     assert_ok(launch(2, "unreceived"), "unreceived")
 
@@ -148,8 +154,26 @@ def test_a_timeout_ends_the_job_saying_what_each_rank_waits_for():
     output = job.stdout + job.stderr
     assert ("dsml: engine mpi: the run did not finish within the timeout of 2 s: rank 0 waits "
             "for a message from rank 1 (tag 3)") in output, output
-    assert ("the run did not finish within the timeout of 2 s: rank 1 finished and waits for "
-            "the other ranks to finish") in output, output
+    assert ("the run did not finish within the timeout of 2 s: rank 1 is running its program "
+            "(not waiting on a message)") in output, output
+    assert orphaned_mpich_segments() <= before, "the aborted job left shared memory behind"
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_deadlock_ends_the_job_at_once_with_every_rank_s_wait(p):
+    """Before, the job waited out its whole timeout; now rank 0's waves find the deadlock (no
+    rank running, nothing in flight, twice in a row) and it prints the report."""
+    before = orphaned_mpich_segments()
+    job = launch(p, "deadlocks", 60)
+    assert job.returncode != 0
+    output = job.stdout + job.stderr
+    assert "did not finish within the timeout" not in output, output
+    assert "deadlock at t=" in output and "(found by engine='mpi'" in output, output
+    for rank in range(p):
+        assert f"rank {rank} waits for a message from rank {(rank + 1) % p} (tag 4)" \
+            in output, output
+    assert "OK deadlocks" not in output
     assert orphaned_mpich_segments() <= before, "the aborted job left shared memory behind"
 
 

@@ -233,8 +233,8 @@ def test_a_message_never_received_is_an_error():
             yield comm.recv(0, tag=1)
 
     with pytest.raises(RankError, match=r"rank 1 finished without receiving messages sent to "
-                                        r"it \(mismatched peers or tags\?\):\n  rank 0 -> rank 1: "
-                                        r"1 message\(s\)"):
+                                        r"it \(mismatched peers or tags\?\):\n  "
+                                        r"rank 0 -> rank 1 \(tag 2\): 1 message\(s\)"):
         run(forgetful, 2)
 
 

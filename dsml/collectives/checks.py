@@ -46,15 +46,18 @@ def check_reducible(x, op: str, what: str) -> None:
 # hand back a blend. Each op therefore sends on its own tag: ranks that disagree never match
 # a message, the engines report a deadlock at once, and the report names each side's op.
 from dsml.collectives.buffers import COLLECTIVE_TAG  # noqa: E402
-from dsml.comm.tags import TAG_MEANINGS  # noqa: E402
+from dsml.comm.tags import TAG_GROUPS, TAG_MEANINGS  # noqa: E402
 
 OP_TAGS = {"sum": COLLECTIVE_TAG, "mean": COLLECTIVE_TAG + 1, "prod": COLLECTIVE_TAG + 2,
            "max": COLLECTIVE_TAG + 3, "min": COLLECTIVE_TAG + 4}
-TAG_MEANINGS[COLLECTIVE_TAG] = ("a collective with op='sum' or without an op; did every rank "
-                                "pass the same op?")
+# A report asks "did every rank pass the same op?" only when the ops it sees differ (or a
+# message is left whose tag it cannot see): dsml.comm.tags.differing.
+TAG_MEANINGS[COLLECTIVE_TAG] = "a collective with op='sum' or without an op"
+TAG_GROUPS[COLLECTIVE_TAG] = ("op", "op='sum' (or none)")
 for _op, _tag in OP_TAGS.items():
     if _tag != COLLECTIVE_TAG:
-        TAG_MEANINGS[_tag] = f"a collective with op={_op!r}; did every rank pass the same op?"
+        TAG_MEANINGS[_tag] = f"a collective with op={_op!r}"
+        TAG_GROUPS[_tag] = ("op", f"op={_op!r}")
 
 
 class _OpTagged:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-import traceback
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -44,10 +43,12 @@ import numpy as np
 from dsml.comm.api import (ADDED_REQUESTS, Combine, Comm, Compute, Now, RankError, Recv,
                            RunResult, Send, SendRecv, payload_nbytes, start_rank)
 from dsml.comm.costs import engine_costs
+from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import not_a_request, returned_generator
 from dsml.comm.spans import Span
-from dsml.comm.tags import tag_words
-from dsml.sim import DeadlockError, Trace
+from dsml.comm.tags import differing, tag_words
+from dsml.comm.tracebacks import user_traceback
+from dsml.sim import Trace
 
 # States in a Status record.
 RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
@@ -56,9 +57,10 @@ RUNNING, RECEIVING, JOINING, DONE = 0, 1, 2, 3
 # the main program has already returned (1); then the messages the rank has sent (hellos and
 # failure notices included), the messages it has taken from its channels (matched or
 # stashed), and how many of those wait in its stash — what the parent needs to see that a
-# run cannot go on (`hopeless`).
-STATUS_FIELDS = 9
+# run cannot go on (`hopeless`) —, and the tag and sender of the last message it stashed.
+STATUS_FIELDS = 11
 SENT, TAKEN, STASHED = 6, 7, 8
+STASHED_TAG, STASHED_FROM = 9, 10   # tag and sender of the message last stashed (`differing`)
 CHECK_EVERY = 0.05    # s: how often a busy rank checks that its run goes on (`drive`)
 HELLO = -1            # tag of start-up handshakes (user tags are ≥ 0)
 ANY_SOURCE = -2       # the peer of a receive from any source, in a Status record
@@ -77,13 +79,17 @@ class Cancelled(Exception):
 
 class Outcome(NamedTuple):
     """What a rank that finished reports: its value, its start and end (perf_counter
-    seconds), its trace rows, and the user messages it sent to / received from each peer."""
+    seconds), its trace rows, and the user messages it sent to / received from each peer;
+    `tags`: (peer, "sent" or "received", how many before, tag) wherever the tag of the messages
+    to or from a peer changed — enough to tell the tags of any message left unreceived
+    (`check_all_received`); None where it was not kept (a rank that ran activities)."""
     value: Any
     start: float
     end: float
     records: list | None
     sent: list
     received: list
+    tags: list | None = None
 
 
 class Status:
@@ -253,6 +259,8 @@ class MatchingTransport:
             stash = self.early[(src, tag)] = deque()
         stash.append(payload)
         self.unstashed(-1)
+        at = self.rank * STATUS_FIELDS
+        self.cells[at + STASHED_TAG], self.cells[at + STASHED_FROM] = tag, src
 
     def unstashed(self, count) -> None:
         """`count` messages left the stash (negative: came into it): keep the number that
@@ -313,6 +321,8 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
     transport.connect(size)
     sent = [0] * size          # user messages sent to each peer (the hellos do not count)
     received = [0] * size      # user messages taken by a receive from each peer
+    # The tags of those messages, where they change (see Outcome): one comparison a message.
+    sent_tag, received_tag, tags = [None] * size, [None] * size, []
     records = [] if record_trace else None
     clock = time.perf_counter
     t0 = transport.started = clock()
@@ -336,7 +346,7 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
             t_end = clock()
             result = _finished(stop.value)
             transport.status.set(rank, DONE)
-            return Outcome(result, t0, t_end, records, sent, received)
+            return Outcome(result, t0, t_end, records, sent, received, tags)
         start = clock()
         if start >= check_at:       # a rank that never waits still learns the run is over
             transport.checkpoint()
@@ -345,12 +355,18 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         if kind is SendRecv:
             dst, src, tag = request.dst, request.src, request.tag
             send(dst, tag, request.payload)
+            if tag != sent_tag[dst]:
+                sent_tag[dst] = tag
+                tags.append((dst, "sent", sent[dst], tag))
             sent[dst] += 1
             try:
                 value = recv(src, tag)
             except PeerGone as gone:
                 throw = peer_failed(gone.rank, gone.error)
                 continue
+            if tag != received_tag[src]:
+                received_tag[src] = tag
+                tags.append((src, "received", received[src], tag))
             received[src] += 1
             if records is not None:
                 records.append((rank, "sendrecv", start, clock(), src, dst, request.nbytes, tag))
@@ -360,6 +376,9 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
         elif kind is Send:
             dst = request.dst
             send(dst, request.tag, request.payload)
+            if request.tag != sent_tag[dst]:
+                sent_tag[dst] = request.tag
+                tags.append((dst, "sent", sent[dst], request.tag))
             sent[dst] += 1
             if records is not None:
                 records.append((rank, "send", start, clock(), rank, dst, request.nbytes,
@@ -371,6 +390,9 @@ def drive(rank: int, size: int, program, args, kwargs, transport,
             except PeerGone as gone:
                 throw = peer_failed(gone.rank, gone.error)
                 continue
+            if request.tag != received_tag[src]:
+                received_tag[src] = request.tag
+                tags.append((src, "received", received[src], request.tag))
             received[src] += 1
             if records is not None:
                 records.append((rank, "recv", start, clock(), src, rank, payload_nbytes(value),
@@ -683,8 +705,10 @@ def stop_children(children, conns) -> None:
 
 
 def describe_exception(error: BaseException) -> tuple[str, str]:
-    """(one-line summary, traceback text) of the exception being handled."""
-    return f"{type(error).__name__}: {error}", traceback.format_exc()
+    """(one-line summary, traceback text) of the exception being handled; the traceback
+    starts at the rank's own code (the engine's frames above it are left out) and keeps the
+    chain of exceptions (`dsml.comm.tracebacks`)."""
+    return f"{type(error).__name__}: {error}", user_traceback(error)
 
 
 def rank_failed(rank: int, summary: str, traceback_text: str) -> RankError:
@@ -694,10 +718,11 @@ def rank_failed(rank: int, summary: str, traceback_text: str) -> RankError:
 
 def timed_out(pending, status: Status, world_size: int, timeout: float,
               stopped=()) -> RankError:
-    """The error of a run that outlasted its timeout. It names a rank in `stopped` (processes
-    the operating system has stopped, e.g. by SIGSTOP) if there is one, else the lowest
-    unfinished rank that is not waiting for a message (busy in its own code), else the lowest
-    unfinished rank."""
+    """The error of a run that outlasted its timeout, which leads with its cause: a rank in
+    `stopped` (processes the operating system has stopped, e.g. by SIGSTOP) if there is one,
+    else the lowest unfinished rank that is not waiting for a message (busy in its own code),
+    else the lowest unfinished rank. Then what every rank was doing; the question about ops
+    only when the waits show ranks in collectives with different ones (`tags.differing`)."""
     lines = []
     for r in range(world_size):
         line = status.describe(r)
@@ -707,8 +732,25 @@ def timed_out(pending, status: Status, world_size: int, timeout: float,
     busy = [r for r in sorted(pending) if status.cells[r * STATUS_FIELDS] == RUNNING]
     named = min(stopped) if stopped else busy[0] if busy else min(pending)
     waiting = "\n  ".join(lines)
-    return RankError(named, f"(and {len(pending)} rank(s) in all) did not finish "
-                     f"within the timeout of {timeout:g} s:\n  {waiting}")
+    late = f"the run did not finish within the timeout of {timeout:g} s " \
+           f"({len(pending)} rank(s) unfinished)"
+    if stopped:
+        head = f"is stopped (SIGSTOP or a debugger?), so {late}"
+    elif busy:
+        head = f"is busy in its own code (not waiting on a message), so {late}"
+    else:
+        head = (f"(and {len(pending)} rank(s) in all) did not finish within the timeout of "
+                f"{timeout:g} s")
+    hint = ""
+    if not stopped and not busy:
+        cells = status.cells
+        waits = [(r, cells[r * STATUS_FIELDS + 2]) for r in sorted(pending)
+                 if cells[r * STATUS_FIELDS] == RECEIVING]
+        hint = differing(waits, [(cells[r * STATUS_FIELDS + STASHED_FROM],
+                                  cells[r * STATUS_FIELDS + STASHED_TAG])
+                                 for r in range(world_size)
+                                 if cells[r * STATUS_FIELDS + STASHED] > 0])
+    return RankError(named, f"{head}:\n  {waiting}" + (f"\n{hint}" if hint else ""))
 
 
 def check_timeout(timeout) -> float | None:
@@ -733,30 +775,24 @@ class _Waiting:
     """A rank that waits, in the shape `dsml.sim.DeadlockError` describes: `name`,
     `waiting_for` (with `describe()`) and `sim.now`."""
 
-    def __init__(self, name, what, now):
+    def __init__(self, name, what, now, tag=None, rank=None):
         self.name, self.waiting_for = name, self
+        self.pid = rank
         self.what = what
         self.sim = self
         self.now = now
+        self.tag = tag          # the tag it waits on (None: a join), for `tags.differing`
 
     def describe(self):
         return self.what
 
 
-class RealDeadlock(DeadlockError, RankError):
-    """A deadlock that a real engine found (`hopeless`): every unfinished rank waits for a
-    message that no rank will send. Worded by the simulator's DeadlockError (and it is one);
-    also a RankError whose `.rank` is the lowest waiting rank."""
-
-    def __init__(self, waiting, note, rank):
-        # DeadlockError formats the message; RankError.__init__ would reword it.
-        text = str(DeadlockError(waiting, note))
-        RuntimeError.__init__(self, text)
-        self.waiting, self.rank = waiting, rank
+# The deadlock a real engine finds (`hopeless`) is the one every engine raises.
+RealDeadlock = DeadlockError
 
 
 def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
-    """A RealDeadlock if the run cannot go on, else None.
+    """A DeadlockError if the run cannot go on, else None.
 
     It cannot when no rank runs (each has finished, or waits for a message or a join), at
     least one waits, and every message sent has been taken from its channel (so nothing is
@@ -785,7 +821,9 @@ def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
     ranks = []
     for r in waiting:
         who, what = view.wait_of(r)
-        ranks.append(_Waiting(who, what, elapsed))
+        receiving = states[r * width] == RECEIVING
+        ranks.append(_Waiting(who, what, elapsed, states[r * width + 2] if receiving else None,
+                              r))
     held = [(r, after[r * width + STASHED]) for r in range(world_size)
             if after[r * width + STASHED] > 0]
     note = (f"(found by engine={engine!r}: every unfinished rank waits for a message that "
@@ -794,12 +832,16 @@ def hopeless(status: Status, world_size: int, elapsed: float, engine: str):
         note = ("messages that arrived but were never received (a tag or peer mismatch?):\n  "
                 + "\n  ".join(f"rank {r} holds {n} message(s) no receive has taken"
                                for r, n in held) + "\n" + note)
-    return RealDeadlock(ranks, note, waiting[0])
+    return DeadlockError(ranks, note, waiting[0],
+                         left=[(after[r * width + STASHED_FROM], after[r * width + STASHED_TAG])
+                               for r, _ in held])
 
 
 def check_all_received(outcomes, failed=None) -> None:
     """Every rank finished: compare what each sent to each peer with what that peer received,
-    as the simulator does, so that a message nobody received is an error on every engine.
+    as the simulator does, so that a message nobody received is an error on every engine; it
+    names each channel's source, destination and the tags left (from `Outcome.tags`, where
+    both ranks kept them), and what differs if the tags are collectives' calls.
     Messages to or from a rank in `failed` (failures="notify") were orphaned by the failure:
     not an error."""
     failed = failed or {}
@@ -808,9 +850,43 @@ def check_all_received(outcomes, failed=None) -> None:
                for dst, sent in enumerate(outcome.sent)
                if dst not in failed and sent > outcomes[dst].received[src]]
     if missing:
-        lines = "\n  ".join(f"rank {src} -> rank {dst}: {n} message(s)" for src, dst, n in missing)
+        lines, left = [], []
+        for src, dst, n in missing:
+            by_tag = _left_by_tag(outcomes[src], outcomes[dst], src, dst)
+            if by_tag is None:
+                lines.append(f"rank {src} -> rank {dst}: {n} message(s)")
+                continue
+            for tag, count in by_tag.items():
+                lines.append(f"rank {src} -> rank {dst} ({tag_words(tag)}): {count} message(s)")
+                left.append((src, tag))
+        hint = differing([], left)
+        text = "\n  ".join(lines) + (f"\n{hint}" if hint else "")
         raise RankError(missing[0][1], "finished without receiving messages sent to it "
-                        f"(mismatched peers or tags?):\n  {lines}")
+                        f"(mismatched peers or tags?):\n  {text}")
+
+
+def _tag_counts(outcome, peer, side, total) -> dict | None:
+    """tag -> how many of the `total` messages `outcome`'s rank sent to / received from `peer`
+    (side "sent" / "received") had it, from the outcome's tag changes; None if not kept."""
+    if outcome.tags is None:
+        return None
+    changes = [(before, tag) for who, which, before, tag in outcome.tags
+               if who == peer and which == side]
+    counts = {}
+    for i, (before, tag) in enumerate(changes):
+        until = changes[i + 1][0] if i + 1 < len(changes) else total
+        counts[tag] = counts.get(tag, 0) + until - before
+    return counts
+
+
+def _left_by_tag(sender, receiver, src, dst) -> dict | None:
+    """tag -> messages from src to dst that dst never received; None if a rank kept no tags."""
+    sent = _tag_counts(sender, dst, "sent", sender.sent[dst])
+    received = _tag_counts(receiver, src, "received", receiver.received[src])
+    if sent is None or received is None:
+        return None
+    return {tag: n - received.get(tag, 0) for tag, n in sent.items()
+            if n > received.get(tag, 0)}
 
 
 def make_result(outcomes, trace: bool, engine: str, failed=None) -> RunResult:

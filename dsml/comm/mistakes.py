@@ -13,6 +13,7 @@ import inspect
 import types
 
 from dsml.comm.api import RankError, request_choices
+from dsml.comm.tags import tag_words
 
 USE_YIELD_FROM = "call a collective with `yield from`, e.g. `x = yield from allreduce(comm, x)`"
 
@@ -65,5 +66,5 @@ def unreceived(mailbox) -> list:
 
 def describe_messages(messages) -> str:
     """The lines that list (src, dst, tag, count) messages nobody received."""
-    return "\n  ".join(f"rank {src} -> rank {dst} (tag {tag}): {n} message(s)"
+    return "\n  ".join(f"rank {src} -> rank {dst} ({tag_words(tag)}): {n} message(s)"
                        for src, dst, tag, n in messages)

@@ -46,6 +46,13 @@ drives its own rank — the rank of `MPI.COMM_WORLD` — with the loop every rea
   for (so every rank's line appears), waits GRACE seconds for the others to print theirs, and
   aborts. In a one-process job there is nobody to wait for: errors are raised as `RankError`,
   as on the other engines, and nothing is aborted.
+- **Deadlocks** are found early, as on the other engines, though MPI ranks share no memory:
+  rank 0, while it waits, runs *waves* on a second communicator that ask every rank, from
+  inside its own waits, for its status record; two waves in a row that find every unfinished
+  rank waiting and as many messages taken as sent, with the same counts, prove that nothing
+  can happen any more (Mattern's four-counter method; `Waves`). Rank 0 prints the deadlock
+  report with every rank's wait and ends the job (a deadlock with timeout=5 now ends about
+  0.1 s into the run instead of after the timeout).
 
 Launching: `mpiexec_command(n, args)` is the command line that starts an n-process job on this
 host (the tests and the benchmark use it): MPICH's Hydra with `-launcher fork` (ranks forked
@@ -69,13 +76,16 @@ from pathlib import Path
 import numpy as np
 
 from dsml.comm.api import RankError, RunResult
-from dsml.comm.driver import (MatchingTransport, Outcome, Status, STATUS_FIELDS,
+from dsml.comm.driver import (CHECK_EVERY, MatchingTransport, Outcome, Status, STATUS_FIELDS,
+                              hopeless,
                               check_all_received, describe_exception, drive, make_result,
                               rank_failed, timed_out)
 from dsml.comm.frames import _dtype_code, _dtype_of
 
 INSTALL = "pip install -e '.[mpi]'"    # mpi4py and MPICH from PyPI (the `mpich` wheel)
 DATA_TAG = 17               # the MPI tag of every dsml message on a run's communicator
+WAVE_TAG, REPLY_TAG = 1, 2  # on a run's second communicator: deadlock waves (see Deadlocks)
+DEADLOCK_EXIT = 3           # MPI_Abort error code of a run that deadlocked
 SPIN = 20e-3                # s: how long a waiting rank polls before it sleeps
 SLEEP_MIN = 50e-6           # s: first sleep between polls after SPIN; doubles each time ...
 SLEEP_MAX = 1e-3            # s: ... up to this
@@ -190,6 +200,7 @@ class MpiTransport(MatchingTransport):
         self.sent_to = [0] * size        # messages sent to each peer, hellos included
         self.arrived_from = [0] * size   # messages received from each peer, hellos included
         self.probe_status = MPI.Status()
+        self.waves = None                # `Waves`, in a job of several processes
 
     def send(self, dst, tag, payload):
         buf = encode(tag, payload)
@@ -197,6 +208,7 @@ class MpiTransport(MatchingTransport):
             self.pending = [item for item in self.pending if not item[0].Test()]
         self.pending.append((self.comm.Isend(buf, dst, DATA_TAG), buf))
         self.sent_to[dst] += 1
+        self.cells[self.sent_at] += 1           # for the deadlock waves (`Waves`)
 
     def _next(self, src):
         return self._take(self._probe(src))
@@ -221,6 +233,7 @@ class MpiTransport(MatchingTransport):
             if message is not None:
                 return message
         sleep = SLEEP_MIN
+        waves = self.waves
         while True:
             if self.expired.is_set():
                 raise _Expired()
@@ -229,6 +242,8 @@ class MpiTransport(MatchingTransport):
             message = improbe(source, DATA_TAG, status)
             if message is not None:
                 return message
+            if waves is not None:
+                waves.tend()                   # this rank waits: deadlock waves (`Waves`)
 
     def _take(self, message):
         """Receive the probed message (its size and source are in probe_status)."""
@@ -253,8 +268,9 @@ class MpiTransport(MatchingTransport):
             self.pending = []
 
 
-def _wait_request(request, pause, expired) -> None:
-    """Wait for a nonblocking MPI operation as a receive waits: spin briefly, then sleep."""
+def _wait_request(request, pause, expired, waves=None) -> None:
+    """Wait for a nonblocking MPI operation as a receive waits: spin briefly, then sleep
+    (taking part in deadlock waves meanwhile, if `waves`)."""
     clock = time.perf_counter
     until = clock() + SPIN
     while not request.Test():
@@ -265,6 +281,98 @@ def _wait_request(request, pause, expired) -> None:
         if expired.is_set():
             raise _Expired()
         time.sleep(SLEEP_MAX)
+        if waves is not None:
+            waves.tend()
+
+
+# --- deadlocks --------------------------------------------------------------------------------
+
+class Waves:
+    """Early deadlock detection on MPI, where ranks share no memory: Mattern's four-counter
+    method over a run's second communicator. Rank 0, whenever it waits (a receive, or the
+    final barrier), starts a *wave* every CHECK_EVERY seconds: it asks every other rank for its
+    status record (state, what it waits for, messages sent and taken, stash). A rank answers
+    from inside its own waits only, so each answer is the record of a waiting (or finished)
+    rank at that moment; a rank busy in its code answers when it next waits. When two
+    consecutive waves find every unfinished rank waiting, sent equal to taken, and the same
+    counts, no message was in flight and none was sent or taken in between: the run can never
+    go on (the same test as `driver.hopeless` on the other engines, which read shared memory
+    instead). Rank 0 then prints the deadlock report, every rank's wait in it, and ends the
+    job. What a wave leaves unmatched when the run ends is received at the end (`finish`)."""
+
+    def __init__(self, ctl, rank: int, size: int, status: Status, MPI):
+        self.ctl, self.rank, self.size, self.status, self.MPI = ctl, rank, size, status, MPI
+        self.requests = []               # isends of requests and answers, completed at the end
+        self.started = time.perf_counter()
+        self.sent = 0                    # rank 0: waves started; others: answers sent
+        self.seen = [0] * size           # rank 0: answers received from each; others: [waves]
+        self.wave = None                 # rank 0: {rank: record} of the wave under way
+        self.previous = None             # rank 0: the cells of the last wave that looked dead
+        self.next_at = self.started + CHECK_EVERY
+        self.probe = MPI.Status()
+
+    def record(self) -> list:
+        at = self.rank * STATUS_FIELDS
+        return list(self.status.cells[at:at + STATUS_FIELDS])
+
+    def tend(self) -> None:
+        """Called while this rank waits: answer waves (others), run them (rank 0)."""
+        ctl = self.ctl
+        if self.rank != 0:
+            while ctl.iprobe(source=0, tag=WAVE_TAG):
+                number = ctl.recv(source=0, tag=WAVE_TAG)
+                self.seen[0] += 1
+                self.requests.append(ctl.isend((number, self.record()), dest=0, tag=REPLY_TAG))
+                self.sent += 1
+            return
+        now = time.perf_counter()
+        if self.wave is None:
+            if now < self.next_at:
+                return
+            self.sent += 1
+            for dst in range(1, self.size):
+                self.requests.append(ctl.isend(self.sent, dest=dst, tag=WAVE_TAG))
+            self.wave = {}
+        probe = self.probe
+        while ctl.iprobe(source=self.MPI.ANY_SOURCE, tag=REPLY_TAG, status=probe):
+            src = probe.Get_source()
+            number, record = ctl.recv(source=src, tag=REPLY_TAG)
+            self.seen[src] += 1
+            if number == self.sent:
+                self.wave[src] = record
+        if len(self.wave) < self.size - 1:
+            return
+        cells = self.record()
+        for src in range(1, self.size):
+            cells += self.wave[src]
+        self.wave, self.next_at = None, now + CHECK_EVERY
+        deadlock = hopeless(Status(cells), self.size, now - self.started, "mpi")
+        if deadlock is None:
+            self.previous = None
+            return
+        if cells != self.previous:
+            self.previous = cells        # looks dead: confirm with the next wave
+            return
+        abort_job(f"{deadlock} (ending the MPI job)", DEADLOCK_EXIT)
+
+    def count(self) -> tuple:
+        """What this rank's side of the waves sent, for `finish` on every rank."""
+        return self.sent
+
+    def finish(self, counts) -> None:
+        """The run is over (every rank is through the final barrier): receive what the waves
+        left unmatched — requests for the others, answers for rank 0 (`counts[r]`: what rank
+        r sent) — and complete every isend."""
+        ctl = self.ctl
+        if self.rank == 0:
+            for src in range(1, self.size):
+                for _ in range(counts[src] - self.seen[src]):
+                    ctl.recv(source=src, tag=REPLY_TAG)
+        else:
+            for _ in range(counts[0] - self.seen[0]):
+                ctl.recv(source=0, tag=WAVE_TAG)
+        self.MPI.Request.Waitall(self.requests)
+        self.requests = []
 
 
 # --- the watchdog -----------------------------------------------------------------------------
@@ -369,7 +477,7 @@ def _from_common_start(outcome: Outcome) -> Outcome:
         records = [(rank, op, start - t0, end - t0, src, dst, nbytes, tag)
                    for rank, op, start, end, src, dst, nbytes, tag in records]
     return Outcome(outcome.value, 0.0, outcome.end - t0, records, outcome.sent,
-                   outcome.received)
+                   outcome.received, outcome.tags)
 
 
 def run_mpi(program, world_size: int | None, args=(), kwargs=None, trace: bool = True,
@@ -413,14 +521,17 @@ def _run(MPI, world, rank, size, program, args, kwargs, trace, timeout, status, 
         oversubscribed = size > 1 and _ranks_on_this_host(world, MPI) > _cpus()
         pause = getattr(os, "sched_yield", None) if oversubscribed else None
         comm = world.Dup()
+        ctl = world.Dup()                # the deadlock waves' own (`Waves`)
     except _Expired:
         raise timed_out({rank}, status, size, timeout) from None
     try:
         transport = MpiTransport(comm, status, MPI, pause, expired)
+        waves = transport.waves = Waves(ctl, rank, size, status, MPI) if size > 1 else None
         try:
             outcome = drive(rank, size, program, args, kwargs, transport, trace)
             outcome = _from_common_start(outcome)
-            blob = pickle.dumps((outcome, transport.sent_to), protocol=5)
+            blob = pickle.dumps((outcome, transport.sent_to, waves and waves.count()),
+                                protocol=5)
         except _Expired:
             raise timed_out({rank}, status, size, timeout) from None
         except BaseException as error:              # the program's, or its value's pickling
@@ -430,15 +541,18 @@ def _run(MPI, world, rank, size, program, args, kwargs, trace, timeout, status, 
             _abort_failed(failure)
             raise failure from None                  # not reached: Abort ends the process
         try:
-            _wait_request(comm.Ibarrier(), pause, expired)     # every rank has finished
+            _wait_request(comm.Ibarrier(), pause, expired, waves)   # every rank has finished
         except _Expired:                             # pragma: no cover - one process: no wait
             raise timed_out({rank}, status, size, timeout) from None
         gathered = [pickle.loads(item) for item in comm.allgather(blob)]
         outcomes = [item[0] for item in gathered]
         transport.drain([item[1][rank] for item in gathered])
         transport.complete_sends()
+        if waves is not None:
+            waves.finish([item[2] for item in gathered])
     finally:
         comm.Free()
+        ctl.Free()
     check_all_received(outcomes)
     return make_result(outcomes, trace, "mpi")
 

@@ -46,6 +46,7 @@ from dsml.comm.blas import one_blas_thread
 from dsml.comm.driver import describe_exception, stop_children
 from dsml.comm.orphans import die_with_parent
 from dsml.comm.segments import SHM_PREFIX
+from dsml.comm.supervision import _stopped
 
 __all__ = ["SharedArrays", "run_workers", "fork_context", "WorkerError", "WorkerTimeout"]
 
@@ -186,9 +187,17 @@ def run_workers(target: Callable, workers: int, args=(), timeout: float = 60.0,
             now = time.monotonic()
             if now >= deadline:
                 late = sorted(pending)
-                raise WorkerTimeout(late[0], f"(and {len(late)} worker(s) in all: {late}) did "
-                                             f"not finish within the timeout of {timeout:g} s; "
-                                             f"every worker was stopped")
+                # A worker the operating system has stopped (SIGSTOP, a debugger) is the
+                # cause: name it, not the lowest late worker (which may wait for it).
+                stopped = sorted(_stopped(children, pending))
+                cause = ""
+                if stopped:
+                    cause = (f" — its process is stopped (SIGSTOP or a debugger?)"
+                             + (f", and so are workers {stopped[1:]}" if stopped[1:] else ""))
+                raise WorkerTimeout((stopped or late)[0],
+                                    f"(and {len(late)} worker(s) in all: {late}) did not "
+                                    f"finish within the timeout of {timeout:g} s{cause}; "
+                                    f"every worker was killed")
             until = deadline if next_tick is None else min(deadline, next_tick)
             waiting = {}
             for worker in pending:

@@ -25,10 +25,14 @@ import functools
 from collections import deque
 
 from dsml.comm import sim_core
-from dsml.comm.api import ADDED_REQUESTS, Combine, RunResult, SizeOnly, snapshot
+from dsml.comm.api import ADDED_REQUESTS, Combine, RankError, RunResult, SizeOnly, snapshot
 from dsml.comm.costs import simulating
+from dsml.comm.deadlock import DeadlockError
 from dsml.comm.mistakes import describe_messages, unreceived
-from dsml.sim import PENDING, DeadlockError, Thrown
+from dsml.comm.tags import differing
+from dsml.comm.tracebacks import trim_leading
+from dsml.sim import PENDING, Thrown
+from dsml.sim import DeadlockError as SimDeadlock  # the simulator's; ours subclasses it
 
 FAILURES = ("stop", "notify")
 
@@ -152,13 +156,18 @@ class SimEngine(sim_core.SimEngine):
         try:
             with simulating(self.network):     # "auto" collectives choose by its α, β, γ
                 result = super().run(program, args, kwargs, max_events, timeout)
-        except DeadlockError as deadlock:
+        except RankError as failure:
+            # A rank raised: its chained exception's traceback starts at the rank's own code.
+            if failure.__cause__ is not None:
+                trim_leading(failure.__cause__)
+            raise
+        except SimDeadlock as deadlock:
+            # Raised as every engine's DeadlockError (also a RankError: dsml.comm.deadlock).
             unread = unreceived(self.mailbox)
-            if not unread:
-                raise
-            raise DeadlockError(deadlock.waiting, "messages that arrived but were never "
-                                "received (a tag or peer mismatch?):\n  "
-                                + describe_messages(unread)) from None
+            note = ("messages that arrived but were never received (a tag or peer mismatch?):"
+                    "\n  " + describe_messages(unread)) if unread else ""
+            raise DeadlockError(deadlock.waiting, note,
+                                left=[(src, tag) for src, _, tag, _ in unread]) from None
         result.failed = {rank: notice.error.__cause__ for rank, notice in self.failed.items()}
         return result
 
@@ -169,7 +178,14 @@ class SimEngine(sim_core.SimEngine):
             for (src, _), box in boxes.items():
                 if src in self.failed or dst in self.failed:
                     box.clear()
-        super().check_all_received()
+        try:
+            super().check_all_received()
+        except RankError as error:
+            # Ranks in different collective calls: say which (dsml.comm.tags.differing).
+            hint = differing([], [(src, tag) for src, _, tag, _ in unreceived(self.mailbox)])
+            if not hint:
+                raise
+            raise RankError(error.rank, f"{str(error).split(' ', 2)[2]}\n{hint}") from None
 
 
 def without_spans(program):
