@@ -27,7 +27,7 @@ from dsml.comm.spans import traced
 from dsml.collectives import auto
 
 # algorithm="auto" prices the algorithms with week 2's cost model (see auto.py)
-auto.cost, auto.algorithms = cost, COLLECTIVE_ALGORITHMS
+auto.cost, auto.algorithms = _cost, COLLECTIVE_ALGORITHMS
 
 from dsml.collectives.signatures import signer
 
