@@ -111,3 +111,33 @@ def test_the_choice_is_cached_and_the_cache_stays_bounded(monkeypatch):
     for n in range(1, 8):
         auto_algorithm(Comm(), "allreduce", np.zeros(n))
         assert len(auto._chosen) <= 3
+
+
+def test_a_rank_naming_the_algorithm_auto_picks_runs_with_ranks_that_ask_for_auto():
+    """The call's signature holds the algorithm auto runs, not the word "auto"."""
+    net = AlphaBeta(10e-6, 1e-10, 1e-11)
+    picked = choose("allreduce", 2, 64, net.alpha, net.beta, net.gamma)
+
+    def program(comm):
+        x = np.full(8, comm.rank + 1.0)
+        if comm.rank == 0:
+            return (yield from allreduce(comm, x))
+        return (yield from allreduce(comm, x, algorithm=picked))
+
+    for _, out in [(None, v) for v in dsml.run(program, 2, network=net).values]:
+        np.testing.assert_array_equal(out, np.full(8, 3.0))
+
+
+def test_ranks_whose_auto_picks_differ_are_told_which_algorithm_each_ran():
+    """A rank whose α, β, γ differ (another DSML_NETWORK file, say) picks another algorithm: the
+    report names both instead of blaming the data."""
+    def program(comm):
+        if comm.rank == 0:
+            comm.costs = (1e-9, 1e-10, 1e-8)            # the ring's territory
+        else:
+            comm.costs = (1e-3, 1e-10, 0.0)             # recursive doubling's
+        return (yield from allreduce(comm, np.ones(512)))
+
+    with pytest.raises(dsml.DeadlockError) as error:
+        dsml.run(program, 2, engine="threads")
+    assert "ring" in str(error.value) and "recursive_doubling" in str(error.value)

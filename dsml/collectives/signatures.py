@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numbers
 
+from dsml.collectives.auto import auto_algorithm
 from dsml.collectives.allgather import ALLGATHER_ALGORITHMS
 from dsml.collectives.allreduce import ALLREDUCE_ALGORITHMS
 from dsml.collectives.broadcast import BROADCAST_ALGORITHMS
@@ -145,6 +146,11 @@ def signer(name: str):
 
     def sign(comm, *args):
         key = args[skip:]
+        if name == "allreduce" and "auto" in key:
+            # The algorithm "auto" runs, as every rank works it out: ranks that name it and
+            # ranks that get it by "auto" agree, and ranks whose "auto" differs are told so.
+            key = tuple(auto_algorithm(comm, name, args[0]) if value == "auto" else value
+                        for value in key)
         try:
             return made[comm][key]
         except KeyError:
