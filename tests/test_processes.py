@@ -369,3 +369,34 @@ def test_recv_trace_records_carry_the_message_size_like_on_sim(engine):
     real = dsml.run(one_way, 2, engine=engine, timeout=TIMEOUT)
     assert [(r.rank, r.op, r.nbytes) for r in sorted(sim.trace, key=lambda r: r.rank)] == \
            [(r.rank, r.op, r.nbytes) for r in sorted(real.trace, key=lambda r: r.rank)]
+
+
+def test_ranks_start_once_the_resource_tracker_has_settled(monkeypatch):
+    """The tracker, a new interpreter, imports for tens of milliseconds when a process first
+    starts it: ranks pinned to its CPU lost that much of their first timed loop. Every run
+    waits for it (it is no longer using a CPU) before starting ranks."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import dsml.comm.processes as processes
+
+    calls = []
+    real = processes.await_tracker
+    monkeypatch.setattr(processes, "await_tracker", lambda *a: calls.append(1) or real(*a))
+    assert dsml.run(lambda comm: (yield comm.now()), 2, engine="processes").values
+    assert calls == [1]
+    check = textwrap.dedent("""
+        import time
+        from multiprocessing import resource_tracker
+        from dsml.comm.processes import _cpu_ticks, await_tracker
+        resource_tracker.ensure_running()
+        pid = resource_tracker._resource_tracker._pid
+        waited = await_tracker()
+        first = _cpu_ticks(pid)
+        time.sleep(0.05)
+        print(waited > 0, first[0], first == _cpu_ticks(pid), await_tracker() == 0.0)
+    """)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["True", "S", "True", "True"], out

@@ -40,37 +40,6 @@ def allreduce_iterations(nbytes: int, budget: int = BUDGET, most: int = 200,
     return min(5, timed), timed
 
 
-def timed_loop(comm, x, algorithm: str, warmups: int, timed: int):
-    """Rank program step: `warmups` all-reduces of x (first-touch costs, pools, caches), a
-    barrier (a ring all-reduce of one element per rank, so that no rank starts its clock while
-    another is still warming up), then `timed` all-reduces, comm.now() read after each.
-    Returns (the median of this rank's seconds per all-reduce, the last result)."""
-    for _ in range(warmups):
-        yield from allreduce(comm, x, algorithm=algorithm)
-    yield from allreduce(comm, np.zeros(comm.size), algorithm="ring")  # the barrier
-    stamps = [(yield comm.now())]
-    for _ in range(timed):
-        out = yield from allreduce(comm, x, algorithm=algorithm)
-        stamps.append((yield comm.now()))
-    return float(np.median(np.diff(stamps))), out
-
-
-def timed_allreduce(comm, sizes, algorithm: str = "ring", dtype: str = "float64",
-                    budget: int = BUDGET, most: int = 200):
-    """Rank program, the one measurement of `dsml validate`, week 2's section 15 and
-    benchmarks/allreduce_real_engines.py: for each size (bytes) a `timed_loop` on a vector
-    of rank + 1's, whose sum it checks. Returns this rank's seconds per all-reduce, per size."""
-    seconds = []
-    for nbytes in sizes:
-        x = np.full(nbytes // np.dtype(dtype).itemsize, comm.rank + 1, dtype=dtype)
-        t, out = yield from timed_loop(comm, x, algorithm,
-                                       *allreduce_iterations(nbytes, budget, most))
-        if not np.all(out == comm.size * (comm.size + 1) // 2):
-            raise AssertionError(f"rank {comm.rank}: wrong {algorithm} all-reduce of {nbytes} B")
-        seconds.append(t)
-    return seconds
-
-
 def cpu_wait_seconds():
     """Seconds this thread has spent ready to run but waiting for a CPU (Linux's schedstat:
     another program held the core), or None where the system does not say."""
@@ -81,15 +50,51 @@ def cpu_wait_seconds():
         return None
 
 
+def timed_loop(comm, x, algorithm: str, warmups: int, timed: int, waits=None):
+    """Rank program step: `warmups` all-reduces of x (first-touch costs, pools, caches), a
+    barrier (a ring all-reduce of one element per rank, so that no rank starts its clock while
+    another is still warming up), then `timed` all-reduces, comm.now() read after each.
+    Returns (the median of this rank's seconds per all-reduce, the last result). `waits`, a
+    list, gets (seconds this rank waited for a CPU during the timed calls, their seconds)."""
+    for _ in range(warmups):
+        yield from allreduce(comm, x, algorithm=algorithm)
+    yield from allreduce(comm, np.zeros(comm.size), algorithm="ring")  # the barrier
+    waited = None if waits is None else cpu_wait_seconds()
+    stamps = [(yield comm.now())]
+    for _ in range(timed):
+        out = yield from allreduce(comm, x, algorithm=algorithm)
+        stamps.append((yield comm.now()))
+    if waited is not None:
+        waits.append((cpu_wait_seconds() - waited, stamps[-1] - stamps[0]))
+    return float(np.median(np.diff(stamps))), out
+
+
+def timed_allreduce(comm, sizes, algorithm: str = "ring", dtype: str = "float64",
+                    budget: int = BUDGET, most: int = 200, waits=None):
+    """Rank program, the one measurement of `dsml validate`, week 2's section 15 and
+    benchmarks/allreduce_real_engines.py: for each size (bytes) a `timed_loop` on a vector
+    of rank + 1's, whose sum it checks. Returns this rank's seconds per all-reduce, per size."""
+    seconds = []
+    for nbytes in sizes:
+        x = np.full(nbytes // np.dtype(dtype).itemsize, comm.rank + 1, dtype=dtype)
+        t, out = yield from timed_loop(comm, x, algorithm,
+                                       *allreduce_iterations(nbytes, budget, most), waits)
+        if not np.all(out == comm.size * (comm.size + 1) // 2):
+            raise AssertionError(f"rank {comm.rank}: wrong {algorithm} all-reduce of {nbytes} B")
+        seconds.append(t)
+    return seconds
+
+
 def timed_allreduce_waiting(comm, sizes, algorithm: str = "ring", dtype: str = "float64",
                             budget: int = BUDGET, most: int = 200):
-    """Rank program: `timed_allreduce`, and the share of its time this rank spent waiting for
-    a CPU (None where unknown): what says whether a run measured the transport or the load."""
-    before, start = cpu_wait_seconds(), (yield comm.now())
-    seconds = yield from timed_allreduce(comm, sizes, algorithm, dtype, budget, most)
-    after, end = cpu_wait_seconds(), (yield comm.now())
-    known = before is not None and after is not None and end > start
-    return seconds, (after - before) / (end - start) if known else None
+    """Rank program: `timed_allreduce`, and the share of its timed calls' time this rank spent
+    waiting for a CPU (None where unknown): what says whether a run measured the transport or
+    the load. (Start-up and warm-ups are left out: a rank waits there for the parent forking
+    its peers, which says nothing about the calls.)"""
+    waits = [] if cpu_wait_seconds() is not None else None
+    seconds = yield from timed_allreduce(comm, sizes, algorithm, dtype, budget, most, waits)
+    elapsed = sum(t for _, t in waits) if waits else 0.0
+    return seconds, sum(w for w, _ in waits) / elapsed if elapsed > 0 else None
 
 
 def slowest_rank(values) -> list:

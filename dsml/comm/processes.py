@@ -73,6 +73,11 @@ shuts down. The parent starts the tracker before forking, so every rank shares o
 unregisters each segment it creates at once (3.13+: `track=False`), and the parent's clean-up
 attaches (registering again is a no-op) and unlinks (which unregisters) every segment of the
 run, so that whatever a receiver registered is unregistered and the tracker ends with nothing.
+The tracker is a new Python interpreter, started with the first run of a process, and it spends
+tens of milliseconds of CPU importing its modules: `await_tracker` lets it finish before any
+rank starts. Without that, a rank pinned to the CPU it ran on waited 8–12 ms of a 20 ms timed
+loop for it, in the first run of every `dsml validate` — which measured a 1 MiB all-reduce's
+loop at twice the time of later runs (docs/measurements.md).
 A rank never closes a segment it has mapped (`_Mapped`): arrays it handed out, or its own
 cached views, may still use it when the rank ends, and the mapping goes with the process.
 
@@ -111,6 +116,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
+import time
 from multiprocessing import resource_tracker
 
 from dsml.comm.api import RunResult
@@ -138,6 +144,43 @@ def start_method() -> str:
 
 
 # --- the parent -------------------------------------------------------------------------------
+
+_settled_tracker = None      # pid of the resource tracker last seen settled
+
+
+def _cpu_ticks(pid: int):
+    """(state, user + system clock ticks) of process `pid` from /proc, or None (not Linux, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def await_tracker(limit: float = 2.0, pause: float = 0.005) -> float:
+    """Wait (at most `limit` s) until the resource tracker, the first time this process
+    starts it, has finished starting: a new Python interpreter importing its modules for tens
+    of milliseconds of CPU. Ranks pinned to the CPUs it runs on lost up to 12 ms of a 20 ms
+    timed loop to it, in the first run of every `dsml validate` (docs/measurements.md).
+    Settled: asleep, with no CPU time used over two looks `pause` apart. Returns the seconds
+    waited (0 where /proc is not there or the tracker was already settled)."""
+    global _settled_tracker
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    pid = getattr(tracker, "_pid", None)
+    if pid is None or pid == _settled_tracker:
+        return 0.0
+    start = time.monotonic()
+    last = _cpu_ticks(pid)
+    while last is not None and time.monotonic() - start < limit:
+        time.sleep(pause)
+        now = _cpu_ticks(pid)
+        if now is None or (now[0] == "S" and now == last):
+            break
+        last = now
+    _settled_tracker = pid
+    return time.monotonic() - start
+
 
 def _reserve_descriptors(world_size: int) -> None:
     """Each ordered pair of ranks has a pipe: 2·p·(p − 1) descriptors in the parent while the
@@ -172,6 +215,7 @@ def run_processes(program, world_size: int, args=(), kwargs=None, trace: bool = 
     _reserve_descriptors(world_size)
     sweep_segments()
     resource_tracker.ensure_running()   # one tracker, shared by every rank (see docstring)
+    await_tracker()                     # … and ranks start once it has stopped using a CPU
     prefix = f"{SHM_PREFIX}{os.getpid()}_{next(_run_ids)}_"
     channels = {(src, dst): ctx.Pipe(duplex=False)
                 for src in range(world_size) for dst in range(world_size) if src != dst}
