@@ -16,9 +16,9 @@ per size, alternating the copying and the adding step so that load hits both ali
   copying step's (never below 0).
 
 A ping-pong (`ping_pong`, week 1's and `dsml pingpong`'s measurement) sends one way at a time,
-reuses the array it received, and neither copies nor adds: on the development machine its β was
-half the exchange's, so a model fitted to it predicted all-reduces 2–3× too fast
-(docs/measurements.md). `calibrate` also says what makes a fit suspect: a size whose median
+reuses the array it received, and neither copies nor adds: on the development machine a model
+fitted to it predicted all-reduces of 64 KiB and more 1.3–3.6× too fast, its β moving 1.3×
+between back-to-back runs (docs/measurements.md). `calibrate` also says what makes a fit suspect: a size whose median
 lies far off the line (a burst of load during its runs), and a half-performance size α/β
 beyond the largest size measured (then β rests on no size that is bandwidth-bound).
 """
