@@ -23,11 +23,13 @@ import os
 import threading
 from contextlib import contextmanager
 
-# (α s, β s/B, γ s/B) per real engine: `dsml calibrate --engine E`, 2 cores, 2026-12-07.
+# (α s, β s/B, γ s/B) per real engine: `dsml calibrate --engine E` (mpi: under `mpiexec -n 2`),
+# two runs each on the 2-core development machine, 2026-12-07 14:54 UTC, rounded
+# (docs/measurements.md, "Real against model").
 ENGINE_DEFAULTS = {
-    "processes": (8e-6, 0.09e-9, 0.01e-9),
-    "threads": (30e-6, 0.1e-9, 0.01e-9),
-    "mpi": (3e-6, 0.09e-9, 0.01e-9),
+    "processes": (10e-6, 0.13e-9, 0.01e-9),
+    "threads": (45e-6, 0.085e-9, 0.012e-9),
+    "mpi": (18.5e-6, 0.26e-9, 0.015e-9),
 }
 FALLBACK = ENGINE_DEFAULTS["processes"]      # a communicator no engine stamped (a test's stand-in)
 ENV = "DSML_NETWORK"
